@@ -1,0 +1,24 @@
+"""training-wizard: online RL (RLOO, PPO) for Hugging Face causal language models from one TOML recipe.
+
+Heavy imports (torch, transformers) happen on first use, so `training-wizard --help` stays fast.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RLOOConfig": "training_wizard.trainers.config",
+    "RLOOTrainer": "training_wizard.trainers.rloo",
+    "load_recipe": "training_wizard.recipes.base",
+}
+
+__all__ = ["RLOOConfig", "RLOOTrainer", "load_recipe", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'training_wizard' has no attribute {name!r}")

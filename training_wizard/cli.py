@@ -1,0 +1,73 @@
+"""`training-wizard RECIPE.toml [key.path=value ...] [--dry-run]`: the only reader of sys.argv."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from training_wizard.errors import USER_ERROR_EXIT_CODE, UserError
+
+USAGE_EPILOG = """\
+examples:
+  training-wizard examples/rloo/config.toml
+  training-wizard examples/rloo/config.toml training.total_episodes=200 output_dir=runs/try --dry-run
+  accelerate launch -m training_wizard examples/rloo/config.toml
+
+Overrides use the recipe's dotted key paths; values are read as TOML (numbers, booleans, "strings", [lists]).
+Mistakes in the recipe end with one line naming the file and key, and exit code 2.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="training-wizard",
+        description="Train a Hugging Face causal LM online with RLOO or PPO from one TOML (or JSON) recipe.",
+        epilog=USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("recipe", help="path to the recipe file (.toml or .json)")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="override a recipe key")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the recipe, print the batch-size table and three rendered prompts, then exit",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_libraries()
+    from training_wizard.recipes.base import load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        recipe.main(dry_run=args.dry_run)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    return 0
+
+
+def _quiet_libraries() -> None:
+    """Keep stderr for our own messages: library chatter would bury the one-line error contract."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        import datasets
+
+        datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

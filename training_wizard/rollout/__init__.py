@@ -1,0 +1,1 @@
+"""Rollouts: prompt order, generation, and the no-grad logprob and reward passes. Shared by RLOO and PPO."""

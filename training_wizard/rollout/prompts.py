@@ -1,0 +1,122 @@
+"""Prompt encoding and the shared prompt order.
+
+Every process walks the same seeded permutation of the dataset (epoch by epoch) and takes its own slice of each
+iteration's prompts, so the order is shared and resumable from (epoch, position) alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from training_wizard.errors import UserError
+
+
+def render_prompt(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
+    """Token ids of a standard (plain text) or conversational (chat template + generation prompt) prompt."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("dataset: conversational prompts need a tokenizer with a chat template (model.tokenizer_name)")
+    encoded = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
+        encoded = encoded["input_ids"]
+    return list(encoded)
+
+
+def prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """What reward functions and sample tables see as the query: the text, or the last user message."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+@dataclass
+class EncodedPrompts:
+    """The dataset prepared once: token ids, the query text, and the other columns for the reward."""
+
+    input_ids: list[list[int]]
+    queries: list[str]
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @classmethod
+    def from_rows(cls, rows, tokenizer) -> EncodedPrompts:
+        """rows: a datasets.Dataset or a list of dicts with `prompt` (or pre-tokenised `input_ids`)."""
+        rows = list(rows) if not isinstance(rows, list) else rows
+        if not rows:
+            raise UserError("dataset: no rows to train on")
+        ids, queries = [], []
+        extra = [k for k in rows[0] if k not in ("prompt", "input_ids")]
+        columns: dict[str, list[Any]] = {k: [] for k in extra}
+        for index, row in enumerate(rows):
+            if "input_ids" in row and "prompt" not in row:
+                ids.append(list(row["input_ids"]))
+                queries.append(tokenizer.decode(row["input_ids"], skip_special_tokens=True))
+            else:
+                from training_wizard.specs.dataset import validate_prompt_row
+
+                validate_prompt_row(row, index)
+                ids.append(render_prompt(tokenizer, row["prompt"]))
+                queries.append(prompt_text(row["prompt"]))
+            for key in extra:
+                columns[key].append(row.get(key))
+        return cls(ids, queries, columns)
+
+    def left_pad(self, indices: list[int], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, mask), each (len(indices), longest), padded on the left."""
+        width = max(len(self.input_ids[i]) for i in indices)
+        ids = torch.full((len(indices), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(indices), width), dtype=torch.bool)
+        for row, index in enumerate(indices):
+            tokens = self.input_ids[index]
+            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens) :] = True
+        return ids, mask
+
+
+@dataclass
+class PromptOrder:
+    """Shared, seeded, resumable order over dataset indices."""
+
+    num_rows: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def permutation(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(self.num_rows, generator=generator).tolist()
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` indices of the global order, moving into the next epoch's permutation as needed."""
+        taken: list[int] = []
+        while len(taken) < count:
+            order = self.permutation(self.epoch)
+            need = count - len(taken)
+            chunk = order[self.position : self.position + need]
+            taken.extend(chunk)
+            self.position += len(chunk)
+            if self.position >= self.num_rows:
+                self.epoch, self.position = self.epoch + 1, 0
+        return taken
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_rows": self.num_rows, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["num_rows"] != self.num_rows:
+            raise UserError(
+                f"resume_from_checkpoint: the checkpoint was trained on {state['num_rows']} prompts, "
+                f"the dataset now has {self.num_rows}"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def row_seed(seed: int, iteration: int, slot: int) -> int:
+    """Sampling seed of one completion, keyed by (run seed, iteration, slot in the iteration's global batch)."""
+    mixed = (seed * 0x9E3779B1 + iteration * 0x85EBCA77 + slot * 0xC2B2AE3D) & 0x7FFF_FFFF_FFFF_FFFF
+    return mixed ^ (mixed >> 29)
+

@@ -1,0 +1,42 @@
+"""The Rollout record: everything one iteration sampled and scored on one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """B = completions on this process (local_batch_size), P = prompt width, T = response width.
+
+    Completion j of local prompt i sits at row j * local_prompts + i (the seed's (rloo_k, prompts) layout).
+    """
+
+    prompt_ids: torch.Tensor  # (B, P) long, left-padded
+    prompt_mask: torch.Tensor  # (B, P) bool, True = real prompt token
+    responses: torch.Tensor  # (B, T) long, pad after the stop token
+    response_mask: torch.Tensor  # (B, T) bool, True = real response token (the stop token included)
+    has_stop: torch.Tensor  # (B,) bool: the completion ended with the stop token
+    logprobs: torch.Tensor  # (B, T) float32: policy ("old") logprobs at sampling temperature, no grad
+    ref_logprobs: torch.Tensor  # (B, T) float32: reference logprobs, same temperature
+    scores: torch.Tensor  # (B,) float32: reward after missing_eos_penalty, before any normalisation
+    queries: list[str]  # (B,) the query text of each row
+    completions: list[str]  # (B,) decoded completions (special tokens skipped)
+    components: dict[str, list[float]] = field(default_factory=dict)  # reward components, (B,) each
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: generation, scoring
+
+    @property
+    def num_rows(self) -> int:
+        return self.responses.shape[0]
+
+    def rows(self, index: torch.Tensor) -> dict[str, Any]:
+        return {
+            "prompt_ids": self.prompt_ids[index],
+            "prompt_mask": self.prompt_mask[index],
+            "responses": self.responses[index],
+            "response_mask": self.response_mask[index],
+            "logprobs": self.logprobs[index],
+        }

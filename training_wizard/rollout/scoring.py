@@ -1,0 +1,51 @@
+"""No-grad passes over prompt + response: logprobs of policy or reference, and sequence-classifier scores."""
+
+from __future__ import annotations
+
+import torch
+
+from training_wizard.core.logprobs import selective_logprobs
+from training_wizard.rollout.generation import position_ids_from_mask
+
+
+def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+    """Training-style forward pass; returns the logits that predict each response token. -> (B, T, V).
+
+    The attention mask covers the prompt's real tokens and every response position, exactly as during
+    generation, so positions and attention match the sampling pass (tokens after the stop token are masked
+    out of every loss and never influence earlier positions).
+    """
+    ids = torch.cat([prompt_ids, responses], dim=1)
+    mask = torch.cat([prompt_mask.long(), torch.ones_like(responses)], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    context = prompt_ids.shape[1]
+    return logits[:, context - 1 : -1]
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, temperature: float, batch_size: int
+) -> torch.Tensor:
+    """Per-token logprobs of the responses under `model`, `batch_size` rows at a time. -> (B, T) float32."""
+    chunks = []
+    for start in range(0, responses.shape[0], batch_size):
+        part = slice(start, start + batch_size)
+        logits = response_logits(model, prompt_ids[part], prompt_mask[part], responses[part])
+        chunks.append(selective_logprobs(logits, responses[part], temperature))
+        del logits
+    return torch.cat(chunks, dim=0)
+
+
+@torch.no_grad()
+def classifier_scores(
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, pad_token_id: int, batch_size: int
+) -> torch.Tensor:
+    """Scores of a sequence classifier that shares the policy's tokenizer, read at the last real token. -> (B,)."""
+    ids = torch.cat([prompt_ids, torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))], 1)
+    mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+    scores = []
+    for start in range(0, ids.shape[0], batch_size):
+        part = slice(start, start + batch_size)
+        logits = model(input_ids=ids[part], attention_mask=mask[part], position_ids=position_ids_from_mask(mask[part])).logits
+        scores.append(logits[:, 0].float())
+    return torch.cat(scores)

@@ -1,0 +1,43 @@
+"""The sample table: query, model response, score and each reward component, printed and saved to JSONL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+
+class SampleTable:
+    def __init__(self, output_dir: str | Path, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(output_dir) / "samples.jsonl"
+
+    def record(
+        self,
+        step: int,
+        episode: int,
+        queries: list[str],
+        responses: list[str],
+        scores: list[float],
+        components: dict[str, list[float]] | None = None,
+    ) -> Table | None:
+        """Append the rows to samples.jsonl and return a rich table of them (None on non-main processes)."""
+        if not self.enabled:
+            return None
+        components = components or {}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        table = Table(title=f"samples at episode {episode}", show_lines=True)
+        for column in ("query", "model response", "score", *components):
+            table.add_column(column, overflow="fold")
+        with self.path.open("a", encoding="utf-8") as handle:
+            for row, (query, response, score) in enumerate(zip(queries, responses, scores)):
+                parts = {name: values[row] for name, values in components.items()}
+                record: dict[str, Any] = {
+                    "step": step, "episode": episode, "query": query, "response": response, "score": score,
+                    **{f"rewards/{name}": value for name, value in parts.items()},
+                }
+                handle.write(json.dumps(record) + "\n")
+                table.add_row(query, response, f"{score:.4f}", *(f"{value:.4f}" for value in parts.values()))
+        return table

@@ -1,0 +1,399 @@
+"""The on-policy training loop shared by RLOO and PPO.
+
+One iteration (DESIGN section 1):
+  1. take this process's prompts of the shared order          `_next_prompts`
+  2. sample completions                                       `_generate`
+  3. truncate at the stop token and mask what follows         core.masking.truncate_after_stop
+  4. logprobs of policy ("old") and reference                 `_logprobs`
+  5. score with the reward (+ missing_eos_penalty)            `_score`
+  6. shape rewards with KL and compute advantages             subclass: `compute_advantages`
+  7. update: epochs x mini-batches x gradient accumulation    `_update` + subclass `policy_loss`
+  8. log metrics and samples, evaluate, checkpoint            `_log`, `_evaluate`, checkpoint.save_checkpoint
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from training_wizard.core.logprobs import entropy_from_logits, selective_logprobs
+from training_wizard.core.masking import masked_mean, truncate_after_stop
+from training_wizard.errors import UserError
+from training_wizard.rollout.generation import GenerationParams, generate
+from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
+from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.scoring import batched_logprobs, classifier_scores, response_logits
+from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
+from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
+
+
+class RunState:
+    """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams."""
+
+    def __init__(self, seed: int, num_rows: int):
+        self.iteration = 0
+        self.episode = 0
+        self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
+        self.update_generator = torch.Generator().manual_seed(seed + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "episode": self.episode,
+            "prompt_order": self.prompt_order.state_dict(),
+            "update_generator": self.update_generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
+        self.prompt_order.load_state_dict(state["prompt_order"])
+        self.update_generator.set_state(state["update_generator"])
+        torch.set_rng_state(state["torch_rng"])
+
+
+class OnPolicyTrainer:
+    config: OnPolicyConfig
+
+    def __init__(
+        self,
+        config: OnPolicyConfig,
+        tokenizer,
+        policy: torch.nn.Module,
+        reward_model: torch.nn.Module | RewardSpec | Callable[..., list[float]],
+        train_dataset,
+        ref_policy: torch.nn.Module | None = None,
+        eval_dataset=None,
+        accelerator: Accelerator | None = None,
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.accelerator = accelerator or Accelerator()
+        set_seed(config.seed)
+        if tokenizer.pad_token_id is None:
+            raise UserError("model: the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = ...)")
+        self.train_prompts = EncodedPrompts.from_rows(train_dataset, tokenizer)
+        self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
+        self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
+        self.state = RunState(config.seed, len(self.train_prompts))
+        self.stop_token_id = self._stop_token_id()
+        self.reward = reward_model
+        self._setup_models(policy, ref_policy)
+        self.is_main = self.accelerator.is_main_process
+        self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
+        self.samples = SampleTable(config.output_dir, enabled=self.is_main)
+        self.sample_every = (
+            max(1, self.plan.num_iterations // config.num_sample_generations) if config.num_sample_generations else 0
+        )
+        self._resumed_from: str | None = None
+
+    # ---------------------------------------------------------------------------------------------- set-up
+    def _stop_token_id(self) -> int | None:
+        if self.config.stop_token_id is not None:
+            return self.config.stop_token_id
+        if self.config.stop_token == "eos":
+            if self.tokenizer.eos_token_id is None:
+                raise UserError("training.stop_token: 'eos' but the tokenizer has no EOS token; set stop_token_id")
+            return self.tokenizer.eos_token_id
+        return None
+
+    def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None) -> None:
+        config = self.config
+        for model in (policy, ref_policy, self.reward if isinstance(self.reward, torch.nn.Module) else None):
+            if model is not None:
+                disable_dropout(model)
+        self.uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
+        if ref_policy is None and not self.uses_adapter_as_reference:
+            ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
+        if config.gradient_checkpointing:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(policy, "enable_input_require_grads"):
+                policy.enable_input_require_grads()
+        params = [p for p in policy.parameters() if p.requires_grad]
+        if not params:
+            raise UserError("model: the policy has no trainable parameters")
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=config.learning_rate,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_epsilon,
+            weight_decay=config.weight_decay,
+        )
+        from transformers import get_scheduler
+
+        warmup = config.warmup_steps or int(config.warmup_ratio * self.plan.num_iterations)
+        scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, self.plan.num_iterations)
+        self.policy, self.optimizer = self.accelerator.prepare(policy, optimizer)
+        self.lr_scheduler = scheduler
+        self.ref_policy = None
+        if ref_policy is not None:
+            ref_policy.requires_grad_(False)
+            self.ref_policy = ref_policy.to(self.accelerator.device).eval()
+        if isinstance(self.reward, torch.nn.Module):
+            self.reward = self.reward.to(self.accelerator.device).eval().requires_grad_(False)
+        elif not isinstance(self.reward, RewardSpec):
+            if not callable(self.reward):
+                raise UserError("reward_model: expected a model, a RewardSpec or a callable")
+            self.reward = CallableRewardSpec(fn=self.reward)
+
+    @property
+    def unwrapped_policy(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.policy)
+
+    # ---------------------------------------------------------------------------------------------- rollout
+    def _next_prompts(self) -> tuple[list[int], list[int]]:
+        """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
+        sampling seeds keyed by (seed, iteration, global slot)."""
+        plan, k = self.plan, self.config.group_size()
+        global_indices = self.state.prompt_order.take(plan.prompts_per_iteration)
+        first = self.accelerator.process_index * plan.local_prompts
+        local = global_indices[first : first + plan.local_prompts]
+        rows = [local[i] for j in range(k) for i in range(plan.local_prompts)]
+        seeds = [
+            row_seed(self.config.seed, self.state.iteration, (first + i) * k + j)
+            for j in range(k)
+            for i in range(plan.local_prompts)
+        ]
+        return rows, seeds
+
+    def _generate(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int]) -> Rollout:
+        config, pad = self.config, self.tokenizer.pad_token_id
+        started = time.perf_counter()
+        prompt_ids, prompt_mask = prompts.left_pad(rows, pad)
+        device = self.accelerator.device
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        params = GenerationParams(config.response_length, config.temperature, self.stop_token_id, pad)
+        model = self.unwrapped_policy
+        model.eval()
+        chunks = []
+        step = config.local_rollout_forward_batch_size
+        with self._generation_context():
+            for start in range(0, len(rows), step):
+                part = slice(start, start + step)
+                chunks.append(generate(model, prompt_ids[part], prompt_mask[part], params, seeds[part]))
+        width = max(chunk.shape[1] for chunk in chunks)
+        raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
+        responses, mask, has_stop = truncate_after_stop(raw, self.stop_token_id, pad)
+        if self.stop_token_id is None and self.tokenizer.eos_token_id is not None:
+            has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
+        generated = time.perf_counter()
+        logprobs = self._logprobs(model, prompt_ids, prompt_mask, responses)
+        ref_logprobs = self._reference_logprobs(prompt_ids, prompt_mask, responses)
+        completions = self.tokenizer.batch_decode(
+            torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
+        )
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=mask,
+            has_stop=has_stop, logprobs=logprobs, ref_logprobs=ref_logprobs, scores=torch.empty(0),
+            queries=[prompts.queries[i] for i in rows], completions=completions,
+            timings={"generation": generated - started, "logprobs": time.perf_counter() - generated},
+        )
+
+    def _generation_context(self):
+        """Where weights are sharded (DeepSpeed ZeRO-3), gather them for generation when the config asks."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None or plugin.zero_stage != 3 or not self.config.ds3_gather_for_generation:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.policy.parameters()))
+
+    def _logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+        return batched_logprobs(
+            model, prompt_ids, prompt_mask, responses, self.config.temperature,
+            self.config.local_rollout_forward_batch_size,
+        )
+
+    def _reference_logprobs(self, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+        if self.ref_policy is not None:
+            return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses)
+        with self.unwrapped_policy.disable_adapter():  # LoRA: the base model is the reference
+            return self._logprobs(self.unwrapped_policy, prompt_ids, prompt_mask, responses)
+
+    def _score(self, rollout: Rollout, prompts: EncodedPrompts, rows: list[int]) -> None:
+        started = time.perf_counter()
+        if isinstance(self.reward, torch.nn.Module):
+            scores = classifier_scores(
+                self.reward, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
+                self.tokenizer.pad_token_id, self.config.local_rollout_forward_batch_size,
+            )
+        else:
+            columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
+            columns["completion_has_eos"] = rollout.has_stop.tolist()
+            totals, rollout.components = self.reward.score(
+                rollout.queries, rollout.completions, columns, step=self.state.iteration
+            )
+            scores = torch.tensor(totals, dtype=torch.float32, device=rollout.responses.device)
+        if self.config.missing_eos_penalty is not None:
+            scores = scores - self.config.missing_eos_penalty * (~rollout.has_stop).float()
+        rollout.scores = scores.float()
+        rollout.timings["scoring"] = time.perf_counter() - started
+
+    def collect_rollout(self) -> Rollout:
+        rows, seeds = self._next_prompts()
+        rollout = self._generate(self.train_prompts, rows, seeds)
+        self._score(rollout, self.train_prompts, rows)
+        return rollout
+
+    # ---------------------------------------------------------------------------------------------- update
+    def compute_advantages(self, rollout: Rollout) -> dict[str, torch.Tensor]:
+        """Subclass hook: returns at least `advantages` plus per-completion `kl`, `non_score_reward`,
+        `rlhf_reward` (B,) for the metrics."""
+        raise NotImplementedError
+
+    def policy_loss(self, logprobs, old_logprobs, advantages, mask):
+        raise NotImplementedError
+
+    def _update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        config, plan = self.config, self.plan
+        self.policy.train()
+        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        accumulation = config.gradient_accumulation_steps
+        for _ in range(config.num_ppo_epochs):
+            order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
+            for mini_start in range(0, plan.local_batch_size, plan.local_mini_batch_size):
+                mini = order[mini_start : mini_start + plan.local_mini_batch_size]
+                for step in range(accumulation):
+                    micro = mini[step * plan.micro_batch_size : (step + 1) * plan.micro_batch_size]
+                    last = step == accumulation - 1
+                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.policy)
+                    with sync:
+                        self._micro_step(rollout, advantages, micro, accumulation, stats)
+                if config.max_grad_norm is not None:
+                    self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        ratios = torch.cat(stats.pop("ratio"))
+        summary = {key: torch.stack(values).mean() for key, values in stats.items()}
+        ratios = self.accelerator.gather(ratios.to(self.accelerator.device))
+        summary["val/ratio"], summary["val/ratio_var"] = ratios.mean(), ratios.var(unbiased=False)
+        return {key: float(self.accelerator.reduce(value.to(self.accelerator.device), "mean")) for key, value in summary.items()}
+
+    def _micro_step(self, rollout, advantages, index, accumulation, stats) -> None:
+        rows = rollout.rows(index)
+        logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
+        out = self.policy_loss(logprobs, rows["logprobs"], advantages[index], rows["response_mask"])
+        self.accelerator.backward(out.loss / accumulation)
+        with torch.no_grad():
+            entropy = masked_mean(entropy_from_logits(logits.detach(), self.config.temperature), rows["response_mask"])
+        stats["loss/policy_avg"].append(out.loss.detach())
+        stats["policy/approxkl_avg"].append(out.approxkl)
+        stats["policy/clipfrac_avg"].append(out.clipfrac)
+        stats["policy/entropy_avg"].append(entropy)
+        stats["ratio"].append(out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["response_mask"]])
+
+    # ---------------------------------------------------------------------------------------------- loop
+    def train(self) -> None:
+        from training_wizard.checkpoint import save_checkpoint
+
+        plan, config = self.plan, self.config
+        progress = ProgressDisplay(plan.total_episodes, enabled=self.is_main, start_episode=self.state.episode)
+        started = time.perf_counter()
+        start_episode = self.state.episode
+        try:
+            while self.state.iteration < plan.num_iterations:
+                rollout = self.collect_rollout()
+                shaped = self.compute_advantages(rollout)
+                update_started = time.perf_counter()
+                update_stats = self._update(rollout, shaped["advantages"])
+                rollout.timings["update"] = time.perf_counter() - update_started
+                self.lr_scheduler.step()
+                self.state.iteration += 1
+                self.state.episode += plan.batch_size
+                elapsed = time.perf_counter() - started
+                eps = (self.state.episode - start_episode) / max(elapsed, 1e-9)
+                metrics = self._iteration_metrics(rollout, shaped, update_stats, eps)
+                if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
+                    self.metrics.log(metrics, self.state.iteration)
+                    progress.update(self.state.episode, metrics)
+                if self.sample_every and self.state.iteration % self.sample_every == 0:
+                    progress.print(self._sample_table(rollout))
+                if config.eval_steps and self.eval_prompts is not None and self.state.iteration % config.eval_steps == 0:
+                    self.metrics.log(self.evaluate(), self.state.iteration)
+                if config.save_steps and self.state.iteration % config.save_steps == 0:
+                    save_checkpoint(self)
+        finally:
+            progress.close()
+            self.metrics.close()
+
+    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats: dict[str, float], eps: float) -> dict:
+        reduce = self.accelerator.reduce
+        device = self.accelerator.device
+
+        def mean(values: torch.Tensor) -> float:
+            return float(reduce(values.float().mean().to(device), "mean"))
+
+        tokens = rollout.response_mask.sum().float().to(device)
+        timings = {k: float(reduce(torch.tensor(v, device=device), "mean")) for k, v in rollout.timings.items()}
+        metrics = {
+            "eps": eps,
+            "objective/kl": mean(shaped["kl"]),
+            "objective/entropy": mean(-(rollout.logprobs * rollout.response_mask).sum(-1)),
+            "objective/non_score_reward": mean(shaped["non_score_reward"]),
+            "objective/rlhf_reward": mean(shaped["rlhf_reward"]),
+            "objective/scores": mean(rollout.scores),
+            **update_stats,
+            "val/clipfrac_avg": 0.0,  # no value model in RLOO; kept so both trainers log the seed's names
+            "val/num_eos_tokens": float(reduce(rollout.has_stop.sum().float().to(device), "sum")),
+            "completions/mean_length": mean(rollout.response_mask.sum(-1)),
+            "lr": self.lr_scheduler.get_last_lr()[0],
+            "episode": self.state.episode,
+            "time/generation": timings["generation"] + timings["logprobs"],
+            "time/scoring": timings["scoring"],
+            "time/update": timings["update"],
+            "tokens_per_s": float(reduce(tokens, "sum")) / max(sum(timings.values()), 1e-9),
+        }
+        for name, values in rollout.components.items():
+            metrics[f"rewards/{name}"] = mean(torch.tensor(values))
+        return metrics
+
+    def _sample_table(self, rollout: Rollout, rows: int = 4):
+        shown = min(rows, rollout.num_rows)
+        return self.samples.record(
+            self.state.iteration,
+            self.state.episode,
+            rollout.queries[:shown],
+            rollout.completions[:shown],
+            rollout.scores[:shown].tolist(),
+            {name: values[:shown] for name, values in rollout.components.items()},
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean score, KL to the reference and completion length on eval_dataset (one sample per prompt)."""
+        prompts = self.eval_prompts
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        rows = list(range(rank, len(prompts), world))
+        if not rows:
+            rows = [0]
+        seeds = [row_seed(self.config.seed + 7_919, self.state.iteration, i) for i in rows]
+        rollout = self._generate(prompts, rows, seeds)
+        self._score(rollout, prompts, rows)
+        kl = ((rollout.logprobs - rollout.ref_logprobs) * rollout.response_mask).sum(-1)
+        reduce, device = self.accelerator.reduce, self.accelerator.device
+        return {
+            "eval/scores": float(reduce(rollout.scores.mean().to(device), "mean")),
+            "eval/kl": float(reduce(kl.mean().to(device), "mean")),
+            "eval/response_length": float(reduce(rollout.response_mask.sum(-1).float().mean().to(device), "mean")),
+            "episode": self.state.episode,
+        }
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off in policy, reference and reward model: logprobs must not change between passes (N+ details)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if config is not None and isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)

@@ -1,0 +1,203 @@
+"""Training configs (RLOOConfig) and the batch glossary, derived in one place.
+
+Names and defaults follow seed 000 (TRL's RLOO trainer docs, PPOv2 era); the newer TRL names are accepted as
+aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
+
+Batch glossary (DESIGN section 4), all counts of *completions* unless named otherwise:
+
+    local_batch_size   = per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches  (per process)
+    batch_size         = local_batch_size * world_size                            (per iteration, all processes)
+    local_mini_batch   = local_batch_size / num_mini_batches    (one optimizer step, per process)
+    micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
+    local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration)
+    prompts/iteration  = batch_size / rloo_k
+    iterations         = ceil(total_episodes / batch_size)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from training_wizard.errors import UserError
+from training_wizard.spec import Spec
+
+
+def _alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class OnPolicyConfig(Spec):
+    """Options shared by the on-policy trainers (RLOO now, PPO next)."""
+
+    model_config = Spec.model_config | {"populate_by_name": True}
+
+    # -- run ---------------------------------------------------------------------------------------------------
+    output_dir: str = Field("runs/training-wizard", description="Where metrics, samples and checkpoints go.")
+    seed: int = Field(42, description="Seed of data order, sampling, dropout-free updates: a run is reproducible.")
+    # -- batch sizes (see the module docstring) ------------------------------------------------------------------
+    per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
+    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
+    num_mini_batches: PositiveInt = Field(
+        1,
+        description="Optimizer steps per PPO epoch over one rollout batch. Newer TRL name: steps_per_generation.",
+        validation_alias=_alias("num_mini_batches", "steps_per_generation"),
+    )
+    num_ppo_epochs: PositiveInt = Field(
+        4,
+        description="Passes over each rollout batch. 1 (with one mini-batch) makes the update plain REINFORCE.",
+        validation_alias=_alias("num_ppo_epochs", "num_iterations"),
+    )
+    total_episodes: PositiveInt | None = Field(
+        None, description="Completions to train on in total. Default: num_train_epochs x dataset rows."
+    )
+    num_train_epochs: PositiveFloat = Field(1.0, description="Used only when total_episodes is not set.")
+    local_rollout_forward_batch_size: PositiveInt = Field(
+        64, description="Rows per no-grad forward pass (logprobs of policy and reference, reward model)."
+    )
+    # -- optimisation --------------------------------------------------------------------------------------------
+    learning_rate: PositiveFloat = Field(3e-6, description="Peak AdamW learning rate.")
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="Learning-rate schedule over the iterations (stepped once per iteration)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Iterations of linear warmup (overrides warmup_ratio if > 0).")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Share of iterations used for warmup.")
+    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
+    max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
+    gradient_checkpointing: bool = Field(
+        False, description="Trade compute for memory in the update. Slows generation; keep off when memory allows."
+    )
+    # -- sampling ------------------------------------------------------------------------------------------------
+    response_length: PositiveInt = Field(
+        53,
+        description="Maximum new tokens per completion. Newer TRL name: max_completion_length.",
+        validation_alias=_alias("response_length", "max_completion_length"),
+    )
+    temperature: PositiveFloat = Field(0.7, description="Sampling temperature; logprobs use the same temperature.")
+    stop_token: Literal["eos"] | None = Field(
+        "eos", description='"eos": truncate each completion after its first EOS token and mask what follows.'
+    )
+    stop_token_id: int | None = Field(None, ge=0, description="Truncate after this token id instead of EOS.")
+    missing_eos_penalty: float | None = Field(
+        None, description="Subtracted from the score of completions that end without the stop token (EOS trick)."
+    )
+    # -- regularisation ------------------------------------------------------------------------------------------
+    kl_coef: NonNegativeFloat = Field(
+        0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=_alias("kl_coef", "beta")
+    )
+    kl_estimator: Literal["k1", "k3"] = Field(
+        "k1", description="Per-token KL estimator: k1 = log p - log q; k3 = (r - 1) - log r, r = q / p."
+    )
+    cliprange: PositiveFloat = Field(
+        0.2, description="PPO ratio clipping range. Newer TRL name: epsilon.", validation_alias=_alias("cliprange", "epsilon")
+    )
+    whiten_rewards: bool = Field(False, description="Scale rewards by their batch standard deviation (mean kept).")
+    # -- logging, evaluation, saving ----------------------------------------------------------------------------
+    logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
+    num_sample_generations: int = Field(
+        10, ge=0, description="How many times per run to print and save a sample table (0 disables)."
+    )
+    eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
+    save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
+    save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
+    )
+    ds3_gather_for_generation: bool = Field(
+        True, description="Under DeepSpeed ZeRO-3, gather full weights for generation (faster, more memory)."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self):
+        if self.stop_token_id is not None and self.stop_token is not None and self.stop_token != "eos":
+            raise ValueError("set either stop_token or stop_token_id")
+        return self
+
+    def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
+        """Derive every batch size once, checking divisibility with an error that names both numbers."""
+        local = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches
+        group = self.group_size()
+        if local % group:
+            raise UserError(
+                f"training: local_batch_size ({local} = per_device_train_batch_size {self.per_device_train_batch_size}"
+                f" x gradient_accumulation_steps {self.gradient_accumulation_steps} x num_mini_batches"
+                f" {self.num_mini_batches}) must be a multiple of rloo_k ({group})"
+            )
+        batch = local * world_size
+        total = self.total_episodes
+        if total is None:
+            if dataset_rows is None:
+                raise UserError("training: total_episodes is required when the dataset size is unknown")
+            total = max(1, int(self.num_train_epochs * dataset_rows))
+        return BatchPlan(
+            world_size=world_size,
+            local_batch_size=local,
+            batch_size=batch,
+            local_mini_batch_size=local // self.num_mini_batches,
+            micro_batch_size=self.per_device_train_batch_size,
+            local_prompts=local // group,
+            prompts_per_iteration=batch // group,
+            total_episodes=total,
+            num_iterations=math.ceil(total / batch),
+        )
+
+    def group_size(self) -> int:
+        """Completions sampled per prompt (rloo_k for RLOO, 1 for PPO)."""
+        return 1
+
+
+class RLOOConfig(OnPolicyConfig):
+    """RLOO options (seed 000). Defaults are TRL's; the RLOO recipe uses seed 001's (see RLOORecipeConfig)."""
+
+    rloo_k: int = Field(
+        2,
+        ge=2,
+        description="Completions per prompt; each one's baseline is the mean reward of the other k-1. "
+        "Newer TRL name: num_generations.",
+        validation_alias=_alias("rloo_k", "num_generations"),
+    )
+    normalize_reward: bool = Field(
+        False, description="Standardise scores over the batch, then clamp them to +-reward_clip_range (Reinforce++)."
+    )
+    reward_clip_range: PositiveFloat = Field(10.0, description="Clamp for normalised scores.")
+    normalize_advantage: bool = Field(False, description="Standardise advantages over the batch.")
+    token_level_kl: bool = Field(
+        False,
+        description="Per-token KL penalty (Reinforce++ eq. 1) with a per-token ratio, instead of one sequence-level"
+        " KL term and a sequence-level ratio.",
+    )
+
+    def group_size(self) -> int:
+        return self.rloo_k
+
+
+class RLOORecipeConfig(RLOOConfig):
+    """The RLOO recipe's [training] table: seed 001's defaults where they differ from TRL's."""
+
+    temperature: PositiveFloat = Field(0.5, description="Sampling temperature (seed 001: lower it if samples are poor).")
+    learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate (seed 001: keep it near 1e-6).")
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    world_size: int
+    local_batch_size: int
+    batch_size: int
+    local_mini_batch_size: int
+    micro_batch_size: int
+    local_prompts: int
+    prompts_per_iteration: int
+    total_episodes: int
+    num_iterations: int
+
+    def rows(self) -> list[tuple[str, int]]:
+        return list(asdict(self).items())
