@@ -228,14 +228,30 @@ class OnPolicyTrainer:
         else:
             columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
             columns["completion_has_eos"] = rollout.has_stop.tolist()
-            totals, rollout.components = self.reward.score(
-                rollout.queries, rollout.completions, columns, step=self.state.iteration
-            )
+            error, totals = None, []
+            try:
+                totals, rollout.components = self.reward.score(
+                    rollout.queries, rollout.completions, columns, step=self.state.iteration
+                )
+            except UserError as exc:
+                error = str(exc)
+            self._raise_if_any_process_failed(error)
             scores = torch.tensor(totals, dtype=torch.float32, device=rollout.responses.device)
         if self.config.missing_eos_penalty is not None:
             scores = scores - self.config.missing_eos_penalty * (~rollout.has_stop).float()
         rollout.scores = scores.float()
         rollout.timings["scoring"] = time.perf_counter() - started
+
+    def _raise_if_any_process_failed(self, error: str | None) -> None:
+        """A user error on one process stops every process with its message, instead of leaving the others
+        blocked in the next collective."""
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            errors = [e for e in gather_object([error]) if e]
+            error = errors[0] if errors else None
+        if error:
+            raise UserError(error)
 
     def collect_rollout(self) -> Rollout:
         rows, seeds = self._next_prompts()
