@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from training_wizard.errors import USER_ERROR_EXIT_CODE, UserError
 
@@ -40,12 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     from training_wizard.recipes.base import load_recipe
+    from training_wizard.spec import recipe_directory
 
     try:
         recipe = load_recipe(args.recipe, args.overrides)
-        recipe.main(dry_run=args.dry_run)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    try:
+        with recipe_directory(Path(args.recipe).resolve().parent):
+            recipe.main(dry_run=args.dry_run)
+    except UserError as exc:
+        # Errors found while running name a key or row but not the file: say which recipe they belong to.
+        print(f"error: {args.recipe}: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     return 0
 

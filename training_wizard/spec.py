@@ -8,6 +8,7 @@ file, the dotted key path, the TOML line where it can be found, and what was exp
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import json
@@ -96,6 +97,16 @@ def import_spec_class(dotted: Any, base: type[Spec]) -> type[Spec]:
     return target
 
 
+@contextlib.contextmanager
+def recipe_directory(folder: Path | None):
+    """Within this block, relative data paths may also be relative to `folder` (the recipe file's folder)."""
+    token = _recipe_dir.set(folder)
+    try:
+        yield
+    finally:
+        _recipe_dir.reset(token)
+
+
 def resolve_path(path: str | Path) -> Path:
     """A data path as written: absolute, relative to the working directory, or relative to the recipe file."""
     candidate = Path(path).expanduser()
@@ -170,13 +181,11 @@ def load_spec(
     data = read_recipe_file(path) if data is None else data
     override_keys = apply_overrides(data, overrides or [])
     _add_import_roots(path)
-    token = _recipe_dir.set(path.resolve().parent)
-    try:
-        return spec_type.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, path, override_keys)) from None
-    finally:
-        _recipe_dir.reset(token)
+    with recipe_directory(path.resolve().parent):
+        try:
+            return spec_type.model_validate(data)
+        except ValidationError as exc:
+            raise UserError(format_validation_error(exc, path, override_keys)) from None
 
 
 def _add_import_roots(path: Path) -> None:

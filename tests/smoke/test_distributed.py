@@ -1,0 +1,119 @@
+"""Data parallel on CPU (gloo): 2 processes and 1 process with the same global batch end in the same place."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+RECIPE = """\
+recipe_class = "rloo"
+output_dir = "{out}"
+seed = 5
+
+[model]
+pretrained_name = "{model}"
+
+[dataset]
+data_files = "{data}"
+
+[reward]
+spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
+function = "dp_rewards:{reward}"
+
+[training]
+rloo_k = 2
+per_device_train_batch_size = 4
+gradient_accumulation_steps = {accumulation}
+num_mini_batches = 1
+num_ppo_epochs = 2
+total_episodes = 24
+response_length = 6
+learning_rate = 2e-4
+kl_coef = 0.1
+normalize_advantage = true
+num_sample_generations = 3
+"""
+
+REWARDS = '''
+import os
+
+def distinct(prompts, completions, **columns):
+    return [float(len(set(c))) for c in completions]
+
+def broken_on_rank_1(prompts, completions, **columns):
+    if os.environ.get("RANK") == "1":
+        return [float("nan")] * len(completions)
+    return [1.0] * len(completions)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300):
+    data = tmp_path / "prompts.jsonl"
+    if not data.exists():
+        data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(12)))
+        (tmp_path / "dp_rewards.py").write_text(REWARDS)
+    accumulation = 2 // processes  # same global batch: 2 x 4 x 1 == 1 x 4 x 2
+    recipe = tmp_path / f"{name}.toml"
+    recipe.write_text(RECIPE.format(out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation))
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+    if processes == 1:
+        command = [sys.executable, "-m", "training_wizard", str(recipe)]
+    else:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(free_port()), "-m", "training_wizard", str(recipe),
+        ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir):
+    single = launch(tmp_path, tiny_model_dir, "single", 1)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = launch(tmp_path, tiny_model_dir, "double", 2)
+    assert double.returncode == 0, double.stderr[-3000:]
+
+    a = load_file(str(tmp_path / "single" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "double" / "model" / "model.safetensors"))
+    start = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    moved = max((a[k] - start[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst
+    assert moved > 2e-4, "training did not move the weights, so the comparison proves nothing"
+
+    m1, m2 = read_jsonl(tmp_path / "single" / "metrics.jsonl"), read_jsonl(tmp_path / "double" / "metrics.jsonl")
+    assert len(m1) == len(m2) == 3  # 24 episodes / 8 per iteration; rank 1 wrote nothing extra
+    for r1, r2 in zip(m1, m2):
+        for key in ("objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg", "val/ratio",
+                    "policy/approxkl_avg", "val/num_eos_tokens", "episode", "lr"):
+            assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
+    samples = read_jsonl(tmp_path / "double" / "samples.jsonl")
+    assert len(samples) == 3 * 4  # three tables of four rows, from rank 0 only
+
+
+def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
+    done = launch(tmp_path, tiny_model_dir, "broken", 2, reward="broken_on_rank_1", timeout=180)
+    assert done.returncode != 0
+    # both ranks stop with the failing rank's message and exit code 2; the only traceback is the launcher's own
+    # report that its children failed, none comes from training-wizard code
+    assert done.stderr.count("row 0: value is nan") == 2, done.stderr[-3000:]
+    assert done.stderr.count("exitcode  : 2") == 2
+    assert "training_wizard/" not in done.stderr.split("ChildFailedError")[0]
+    assert not (tmp_path / "broken" / "model").exists()

@@ -1,0 +1,89 @@
+"""Generate docs/configuration.md from the spec classes, so each default and description lives once, on its field.
+
+`python -m training_wizard.docgen > docs/configuration.md`; a test checks the file is current.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from pydantic import AliasChoices
+from pydantic_core import PydanticUndefined
+
+INTRO = """\
+# Configuration reference
+
+Generated from the spec classes by `python -m training_wizard.docgen > docs/configuration.md`; do not edit by
+hand. Every table rejects unknown keys. `spec_class = "package.module.Class"` in a table selects a subclass of
+the table's spec type. Aliases are the newer TRL names, accepted on input.
+"""
+
+
+def _sections() -> list[tuple[str, str, list[type]]]:
+    from training_wizard.recipes.rloo import RLOORecipe
+    from training_wizard.specs import dataset, model, reward
+    from training_wizard.trainers.config import RLOOConfig, RLOORecipeConfig
+
+    def subclasses(module, base) -> list[type]:
+        found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
+                 if issubclass(obj, base) and obj.__module__ == module.__name__]
+        return sorted(found, key=lambda cls: (cls is not base, cls.__name__))
+
+    return [
+        ("Recipe (top level)", "The keys outside any table, plus the tables below.", [RLOORecipe]),
+        ("[model], [ref_model]", "", [model.TransformerSpec, model.LoraSpec]),
+        ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (seed 001's defaults); the Python API's "
+         "`RLOOConfig` has TRL's (seed 000).", [RLOORecipeConfig, RLOOConfig]),
+        ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
+        ("[reward]", "", subclasses(reward, reward.RewardSpec)),
+    ]
+
+
+def _default(field) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if hasattr(value, "model_dump"):
+        return "(table)"
+    return f"`{value!r}`".replace("|", "\\|")
+
+
+def _type(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = text or str(annotation).replace("typing.", "")
+    for noise in ("training_wizard.specs.dataset.", "training_wizard.specs.reward.", "training_wizard.specs.model.",
+                  "annotated_types.", "pydantic.types."):
+        text = text.replace(noise, "")
+    return text.replace("|", "\\|")
+
+
+def render_class(cls) -> str:
+    lines = [f"### `{cls.__name__}`", ""]
+    doc = inspect.getdoc(cls)
+    if doc:
+        lines += [doc.splitlines()[0], ""]
+    lines += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
+    for name, field in cls.model_fields.items():
+        aliases = ""
+        if isinstance(field.validation_alias, AliasChoices):
+            others = [a for a in field.validation_alias.choices if a != name]
+            aliases = f" (alias: {', '.join(f'`{a}`' for a in others)})" if others else ""
+        description = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{name}`{aliases} | {_type(field.annotation)} | {_default(field)} | {description} |")
+    return "\n".join(lines) + "\n"
+
+
+def render() -> str:
+    parts = [INTRO]
+    for title, note, classes in _sections():
+        parts.append(f"\n## {title}\n")
+        if note:
+            parts.append(note + "\n")
+        for cls in classes:
+            parts.append("\n" + render_class(cls))
+    return "".join(parts)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render(), end="")
