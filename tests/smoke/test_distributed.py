@@ -114,6 +114,8 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
     # both ranks stop with the failing rank's message and exit code 2; the only traceback is the launcher's own
     # report that its children failed, none comes from training-wizard code
     assert done.stderr.count("row 0: value is nan") == 2, done.stderr[-3000:]
-    assert done.stderr.count("exitcode  : 2") == 2
+    # the launcher may stop the second rank (SIGTERM, -15) once the first has exited with 2
+    assert done.stderr.count("exitcode  : 2") >= 1
+    assert done.stderr.count("exitcode  : 2") + done.stderr.count("exitcode  : -15") == 2
     assert "training_wizard/" not in done.stderr.split("ChildFailedError")[0]
     assert not (tmp_path / "broken" / "model").exists()

@@ -47,9 +47,9 @@ class RLOORecipe(Recipe):
     def main(self, dry_run: bool = False) -> None:
         from accelerate import Accelerator
 
-        accelerator = Accelerator()
-        console = Console(quiet=not accelerator.is_main_process)
         config = self.training_config()
+        accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        console = Console(quiet=not accelerator.is_main_process)
         tokenizer = self.model.load_tokenizer()
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
         plan = config.batch_plan(accelerator.num_processes, len(train_rows))
@@ -128,10 +128,16 @@ def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
     """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
+    # Under ZeRO-3 / FSDP each process holds a shard: get_state_dict gathers the full weights (collective).
+    sharded = accelerator.distributed_type.name in ("DEEPSPEED", "FSDP")
+    state_dict = accelerator.get_state_dict(trainer.policy) if sharded else None
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.policy)
         if merge_lora and hasattr(model, "merge_and_unload"):
+            if state_dict is not None:
+                model.load_state_dict(state_dict)
+                state_dict = None
             model = model.merge_and_unload()
-        model.save_pretrained(folder, safe_serialization=True)
+        model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
         trainer.tokenizer.save_pretrained(folder)
     accelerator.wait_for_everyone()

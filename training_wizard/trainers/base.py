@@ -76,7 +76,12 @@ class OnPolicyTrainer:
     ):
         self.config = config
         self.tokenizer = tokenizer
-        self.accelerator = accelerator or Accelerator()
+        self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        if self.accelerator.gradient_accumulation_steps != config.gradient_accumulation_steps:
+            raise ValueError(
+                f"the Accelerator was made with gradient_accumulation_steps="
+                f"{self.accelerator.gradient_accumulation_steps}, the config says {config.gradient_accumulation_steps}"
+            )
         set_seed(config.seed)
         if tokenizer.pad_token_id is None:
             raise UserError("model: the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = ...)")
@@ -131,6 +136,7 @@ class OnPolicyTrainer:
 
         warmup = config.warmup_steps or int(config.warmup_ratio * self.plan.num_iterations)
         scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, self.plan.num_iterations)
+        self._configure_deepspeed()
         self.policy, self.optimizer = self.accelerator.prepare(policy, optimizer)
         self.lr_scheduler = scheduler
         self.ref_policy = None
@@ -143,6 +149,17 @@ class OnPolicyTrainer:
             if not callable(self.reward):
                 raise UserError("reward_model: expected a model, a RewardSpec or a callable")
             self.reward = CallableRewardSpec(fn=self.reward)
+
+    def _configure_deepspeed(self) -> None:
+        """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if plugin is None:
+            return
+        ds_config = plugin.deepspeed_config
+        ds_config["train_micro_batch_size_per_gpu"] = self.config.per_device_train_batch_size
+        ds_config["gradient_accumulation_steps"] = self.config.gradient_accumulation_steps
+        if self.config.max_grad_norm is not None:
+            ds_config["gradient_clipping"] = self.config.max_grad_norm
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
@@ -172,21 +189,22 @@ class OnPolicyTrainer:
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         params = GenerationParams(config.response_length, config.temperature, self.stop_token_id, pad)
         model = self.unwrapped_policy
-        model.eval()
-        chunks = []
+        model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
         step = config.local_rollout_forward_batch_size
-        with self._generation_context():
-            for start in range(0, len(rows), step):
-                part = slice(start, start + step)
-                chunks.append(generate(model, prompt_ids[part], prompt_mask[part], params, seeds[part]))
-        width = max(chunk.shape[1] for chunk in chunks)
-        raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
-        responses, mask, has_stop = truncate_after_stop(raw, self.stop_token_id, pad)
+        with self._full_weights_context():
+            chunks = [
+                generate(model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
+                         seeds[start : start + step])
+                for start in range(0, len(rows), step)
+            ]
+            width = max(chunk.shape[1] for chunk in chunks)
+            raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
+            responses, mask, has_stop = truncate_after_stop(raw, self.stop_token_id, pad)
+            generated = time.perf_counter()
+            logprobs = self._logprobs(model, prompt_ids, prompt_mask, responses)
+            ref_logprobs = self._reference_logprobs(prompt_ids, prompt_mask, responses)
         if self.stop_token_id is None and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
-        generated = time.perf_counter()
-        logprobs = self._logprobs(model, prompt_ids, prompt_mask, responses)
-        ref_logprobs = self._reference_logprobs(prompt_ids, prompt_mask, responses)
         completions = self.tokenizer.batch_decode(
             torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
         )
@@ -197,14 +215,20 @@ class OnPolicyTrainer:
             timings={"generation": generated - started, "logprobs": time.perf_counter() - generated},
         )
 
-    def _generation_context(self):
-        """Where weights are sharded (DeepSpeed ZeRO-3), gather them for generation when the config asks."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is None or plugin.zero_stage != 3 or not self.config.ds3_gather_for_generation:
-            return contextlib.nullcontext()
-        import deepspeed
+    def _full_weights_context(self):
+        """Sharded weights are gathered for the no-grad rollout passes: DeepSpeed ZeRO-3 (when
+        `ds3_gather_for_generation`) and FSDP. A no-op for plain data parallel."""
+        state = self.accelerator.state
+        plugin = getattr(state, "deepspeed_plugin", None)
+        if plugin is not None and plugin.zero_stage == 3 and self.config.ds3_gather_for_generation:
+            import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.policy.parameters()))
+            return deepspeed.zero.GatheredParameters(list(self.policy.parameters()))
+        if getattr(state, "fsdp_plugin", None) is not None:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            return FullyShardedDataParallel.summon_full_params(self.policy, writeback=False, recurse=True)
+        return contextlib.nullcontext()
 
     def _logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
         return batched_logprobs(
@@ -269,36 +293,36 @@ class OnPolicyTrainer:
         raise NotImplementedError
 
     def _update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
+        """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
+
+        `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
+        all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
+        whose engine does its own accumulation).
+        """
         config, plan = self.config, self.plan
         self.policy.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        accumulation = config.gradient_accumulation_steps
         for _ in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
-            for mini_start in range(0, plan.local_batch_size, plan.local_mini_batch_size):
-                mini = order[mini_start : mini_start + plan.local_mini_batch_size]
-                for step in range(accumulation):
-                    micro = mini[step * plan.micro_batch_size : (step + 1) * plan.micro_batch_size]
-                    last = step == accumulation - 1
-                    sync = contextlib.nullcontext() if last else self.accelerator.no_sync(self.policy)
-                    with sync:
-                        self._micro_step(rollout, advantages, micro, accumulation, stats)
-                if config.max_grad_norm is not None:
-                    self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+            for start in range(0, plan.local_batch_size, plan.micro_batch_size):
+                with self.accelerator.accumulate(self.policy):
+                    self._micro_step(rollout, advantages, order[start : start + plan.micro_batch_size], stats)
+                    if self.accelerator.sync_gradients and config.max_grad_norm is not None:
+                        self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
         ratios = torch.cat(stats.pop("ratio"))
         summary = {key: torch.stack(values).mean() for key, values in stats.items()}
         ratios = self.accelerator.gather(ratios.to(self.accelerator.device))
         summary["val/ratio"], summary["val/ratio_var"] = ratios.mean(), ratios.var(unbiased=False)
-        return {key: float(self.accelerator.reduce(value.to(self.accelerator.device), "mean")) for key, value in summary.items()}
+        return {key: float(self.accelerator.reduce(v.to(self.accelerator.device), "mean")) for key, v in summary.items()}
 
-    def _micro_step(self, rollout, advantages, index, accumulation, stats) -> None:
+    def _micro_step(self, rollout, advantages, index, stats) -> None:
         rows = rollout.rows(index)
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
         out = self.policy_loss(logprobs, rows["logprobs"], advantages[index], rows["response_mask"])
-        self.accelerator.backward(out.loss / accumulation)
+        self.accelerator.backward(out.loss)
         with torch.no_grad():
             entropy = masked_mean(entropy_from_logits(logits.detach(), self.config.temperature), rows["response_mask"])
         stats["loss/policy_avg"].append(out.loss.detach())
