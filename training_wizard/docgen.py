@@ -22,7 +22,7 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.recipes.rloo import RLOORecipe
-    from training_wizard.specs import dataset, model, reward
+    from training_wizard.specs import dataset, model, reward, text_metrics
     from training_wizard.trainers.config import RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:
@@ -36,7 +36,7 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (seed 001's defaults); the Python API's "
          "`RLOOConfig` has TRL's (seed 000).", [RLOORecipeConfig, RLOOConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
-        ("[reward]", "", subclasses(reward, reward.RewardSpec)),
+        ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]
 
 

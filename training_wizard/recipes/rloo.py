@@ -76,7 +76,7 @@ class RLOORecipe(Recipe):
     def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
         from training_wizard.specs.dataset import filter_long_prompts, validate_prompts
 
-        dataset = spec.load()
+        dataset = spec.load(label)
         validate_prompts(dataset, label)
         if getattr(spec, "filter_length", False):
             dataset, dropped = filter_long_prompts(dataset, tokenizer, self.training.response_length)

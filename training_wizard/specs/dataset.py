@@ -1,0 +1,484 @@
+"""Data source specs: each loads a `datasets.Dataset` of prompt-only rows.
+
+Rows are standard `{"prompt": "..."}` or conversational `{"prompt": [{"role": ..., "content": ...}, ...]}`
+(last message from the user). Other columns travel with each row to the reward spec.
+
+Every source shares the preprocessing keys of `DataSourceSpec` (`columns`, `rename_columns`, `shuffle`,
+`shuffle_seed`, `take`, `filter_length`). A subclass implements `load_raw(label)`; `load(label)` applies the
+preprocessing on top. `label` is the dotted key of the source in the recipe (`dataset`, `dataset.parent`,
+`dataset.sources[1]`) so that errors name the key a user has to fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import socket
+import string
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from training_wizard.errors import UserError
+from training_wizard.spec import Spec, _recipe_dir, resolve_path
+
+ROLES = ("system", "user", "assistant")
+# File suffix -> `datasets` packaged builder. Compression suffixes (.gz, ...) are looked through.
+BUILDERS = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "pq": "parquet", "txt": "text",
+            "text": "text"}
+_COMPRESSION = {"gz", "bz2", "xz", "zst", "zip", "lz4"}
+_GLOB_CHARS = set("*?[")
+# A prompt may use at most this fraction of response_length tokens when filter_length is on (seed 001).
+FILTER_LENGTH_FRACTION = 0.9
+
+
+class DataSourceSpec(Spec):
+    """Base of every data source: preprocessing keys shared by all sources; `load()` returns a `datasets.Dataset`.
+
+    A [dataset] table without `spec_class` is a `SimpleDataSourceSpec`. Preprocessing runs in this order:
+    `columns` (select), `rename_columns`, `shuffle`, `take`.
+    """
+
+    default_spec_class = "training_wizard.specs.dataset.SimpleDataSourceSpec"
+
+    columns: list[str] | None = Field(None, description="Keep only these columns (names before renaming).")
+    rename_columns: dict[str, str] | None = Field(None, description="Rename columns: {old = new}.")
+    shuffle: bool = Field(False, description="Shuffle the rows (seeded by shuffle_seed) before `take`.")
+    shuffle_seed: int = Field(42, description="Seed of the shuffle; the same seed gives the same order.")
+    take: int | None = Field(None, gt=0, description="Keep the first N rows (after shuffling, if shuffle).")
+    filter_length: bool = Field(
+        False,
+        description="Drop prompts longer than 0.9 * response_length policy tokens (the recipe applies it with "
+        "`filter_long_prompts`, since it needs the policy tokenizer).",
+    )
+
+    def load_raw(self, label: str = "dataset"):
+        """The rows before preprocessing; subclasses implement this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_raw()")
+
+    def load(self, label: str = "dataset"):
+        """Return a `datasets.Dataset`: `load_raw` followed by the preprocessing keys."""
+        return self.preprocess(self.load_raw(label), label)
+
+    def preprocess(self, ds, label: str = "dataset"):
+        """Apply `columns`, `rename_columns`, `shuffle` and `take`, in that order."""
+        if self.columns is not None:
+            _require_columns(ds, self.columns, f"{label}.columns")
+            ds = ds.select_columns(self.columns)
+        if self.rename_columns:
+            _require_columns(ds, list(self.rename_columns), f"{label}.rename_columns")
+            clashes = [new for old, new in self.rename_columns.items()
+                       if new in ds.column_names and new not in self.rename_columns]
+            if clashes:
+                raise UserError(f"{label}.rename_columns: target column '{clashes[0]}' already exists")
+            ds = ds.rename_columns(dict(self.rename_columns))
+        if self.shuffle:
+            ds = ds.shuffle(seed=self.shuffle_seed)
+        if self.take is not None:
+            ds = ds.select(range(min(self.take, len(ds))))
+        return ds
+
+
+def _require_columns(ds, names: list[str], key: str) -> None:
+    missing = [name for name in names if name not in ds.column_names]
+    if missing:
+        raise UserError(f"{key}: column '{missing[0]}' not found (columns: {', '.join(ds.column_names)})")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Simple source: local files or a hub dataset
+
+
+class SimpleDataSourceSpec(DataSourceSpec):
+    """Local files (json, jsonl, csv, parquet, txt; a path, a glob or a list) or a hub dataset by name."""
+
+    data_files: str | list[str] | None = Field(
+        None, description="Local file(s) or glob(s), relative to the working directory or to the recipe file."
+    )
+    name: str | None = Field(None, description="Hub dataset name (offline: must be in the local datasets cache).")
+    subset: str | None = Field(None, description="Hub dataset configuration (subset) name.")
+    split: str = Field("train", description="Split to load from a hub dataset.")
+
+    # Folder of the recipe this spec was read from: relative data_files may be relative to it (see resolve_path),
+    # and `load()` runs after the recipe loader has left that context.
+    _base_dir: Path | None = PrivateAttr(default_factory=_recipe_dir.get)
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> SimpleDataSourceSpec:
+        if (self.data_files is None) == (self.name is None):
+            raise ValueError("set exactly one of data_files (local files) or name (hub dataset)")
+        if isinstance(self.data_files, list) and not self.data_files:
+            raise ValueError("data_files: empty list")
+        return self
+
+    def load_raw(self, label: str = "dataset"):
+        if self.name is not None:
+            return _load_hub(self.name, self.subset, self.split, f"{label}.name")
+        token = _recipe_dir.set(self._base_dir or _recipe_dir.get())
+        try:
+            paths = expand_data_files(self.data_files, f"{label}.data_files")
+        finally:
+            _recipe_dir.reset(token)
+        return _load_files(paths, f"{label}.data_files")
+
+
+def expand_data_files(data_files: str | list[str], key: str) -> list[str]:
+    """Paths of every file named or matched by a glob, in the order written (globs sorted); missing -> UserError."""
+    patterns = [data_files] if isinstance(data_files, str) else list(data_files)
+    paths: list[str] = []
+    for pattern in patterns:
+        if _GLOB_CHARS & set(pattern):
+            matches = sorted(glob.glob(str(_resolve_glob(pattern)), recursive=True))
+            matches = [m for m in matches if Path(m).is_file()]
+            if not matches:
+                raise UserError(f"{key}: no file matches the glob '{pattern}'")
+            paths.extend(matches)
+        else:
+            path = resolve_path(pattern)
+            if not path.is_file():
+                raise UserError(f"{key}: file not found: {pattern}")
+            paths.append(str(path))
+    return paths
+
+
+def _resolve_glob(pattern: str) -> Path:
+    """Resolve the part of a glob before its first wildcard like any data path (cwd, then recipe folder)."""
+    parts = Path(pattern).expanduser().parts
+    cut = next(i for i, part in enumerate(parts) if _GLOB_CHARS & set(part))
+    prefix = Path(*parts[:cut]) if cut else Path(".")
+    return resolve_path(prefix).joinpath(*parts[cut:])
+
+
+def builder_for(path: str, key: str) -> str:
+    """The `datasets` builder ('json', 'csv', 'parquet', 'text') for a file, from its extension."""
+    suffixes = [s.lstrip(".").lower() for s in Path(path).suffixes]
+    while suffixes and suffixes[-1] in _COMPRESSION:
+        suffixes.pop()
+    builder = BUILDERS.get(suffixes[-1]) if suffixes else None
+    if builder is None:
+        raise UserError(
+            f"{key}: unsupported file type '{Path(path).name}' "
+            f"(expected one of: {', '.join('.' + s for s in BUILDERS)})"
+        )
+    return builder
+
+
+def _load_files(paths: list[str], key: str):
+    import datasets
+
+    builders = {path: builder_for(path, key) for path in paths}
+    if len(set(builders.values())) > 1:
+        kinds = ", ".join(sorted(set(builders.values())))
+        raise UserError(f"{key}: files of different types cannot be mixed ({kinds})")
+    builder = builders[paths[0]]
+    try:
+        return datasets.load_dataset(builder, data_files=paths, split="train")
+    except Exception as exc:  # noqa: BLE001 - a file that will not parse is the user's data
+        path, reason = _find_bad_file(paths, builder, exc)
+        raise UserError(f"{key}: could not read {path}: {reason}") from None
+
+
+def _find_bad_file(paths: list[str], builder: str, exc: Exception) -> tuple[str, str]:
+    """Which file broke a multi-file load, and a short reason (with the line of a bad JSON Lines row)."""
+    import datasets
+
+    if builder == "json":
+        for path in paths:
+            reason = _json_problem(path)
+            if reason:
+                return path, reason
+    if len(paths) > 1:
+        for path in paths:
+            try:
+                datasets.load_dataset(builder, data_files=[path], split="train")
+            except Exception as inner:  # noqa: BLE001
+                return path, _short(inner)
+    return paths[0], _short(exc)
+
+
+def _json_problem(path: str) -> str | None:
+    """A one-line reason if a .json/.jsonl file is not valid JSON (or JSON Lines), else None."""
+    opener = open
+    if path.endswith(".gz"):
+        import gzip
+
+        opener = gzip.open  # type: ignore[assignment]
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        return _short(exc)
+    try:
+        json.loads(text)
+        return None  # a whole-file JSON document
+    except json.JSONDecodeError:
+        pass
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                return f"invalid JSON at line {number}: {exc.msg}"
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    """The innermost cause of a (possibly wrapped) exception, as one short line."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _env_offline() -> bool:
+    return any(os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE")
+               for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub endpoint accepts a TCP connection within `timeout` seconds (no request is sent)."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _offline_mode():
+    """Make `datasets`/`huggingface_hub` use the local cache only: their flags are read at import time, so an
+    environment variable set later (or an unreachable Hub) would otherwise mean minutes of retries."""
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+
+
+def _load_hub(name: str, subset: str | None, split: str, key: str):
+    import datasets
+
+    offline = _env_offline() or not hub_reachable()
+    context = _offline_mode() if offline else contextlib.nullcontext()
+    try:
+        with context:
+            return datasets.load_dataset(name, subset, split=split)
+    except Exception as exc:  # noqa: BLE001 - unknown name, no network, no cache: all fixable by the user
+        where = "offline and not in the local datasets cache" if offline else _short(exc)
+        raise UserError(
+            f"{key}: could not load hub dataset '{name}' (split '{split}'): {where}; "
+            "use data_files with local files, or download it once with network access"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Template source: build conversational prompts from a parent's columns
+
+
+class MessageTemplate(BaseModel):
+    """One chat message of `messages_template`; `{column}` fields in `content` are filled from the row."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class TemplateInstructDatasourceSpec(DataSourceSpec):
+    """Conversational `prompt` from a template filled with each parent row's columns (seed 001).
+
+    `{text}` is replaced by the row's `text` column (Python `str.format` syntax: `{{`/`}}` are literal braces).
+    The parent's columns are kept, so the reward sees them; a parent `prompt` column is replaced.
+    """
+
+    parent: DataSourceSpec = Field(description="The source whose rows fill the template (any data source).")
+    messages_template: list[MessageTemplate] = Field(
+        description="Chat messages [{role, content}]; the last must be the user's."
+    )
+
+    @field_validator("messages_template")
+    @classmethod
+    def _check_template(cls, messages: list[MessageTemplate]) -> list[MessageTemplate]:
+        if not messages:
+            raise ValueError("at least one message is required")
+        if messages[-1].role != "user":
+            raise ValueError("the last message must have role 'user'")
+        for position, message in enumerate(messages):
+            try:
+                fields = template_fields(message.content)
+            except ValueError as exc:
+                raise ValueError(f"[{position}].content: {exc}") from None
+            if any(not f or f.isdigit() for f in fields):
+                raise ValueError(f"[{position}].content: use named fields such as {{text}}, not {{}} or {{0}}")
+        return messages
+
+    def load_raw(self, label: str = "dataset"):
+        parent = self.parent.load(f"{label}.parent")
+        for position, message in enumerate(self.messages_template):
+            for field in template_fields(message.content):
+                if field not in parent.column_names:
+                    raise UserError(
+                        f"{label}.messages_template[{position}].content: field {{{field}}} is not a column of "
+                        f"the parent dataset (row 0 has: {', '.join(parent.column_names)})"
+                    )
+        templates = [(m.role, m.content) for m in self.messages_template]
+
+        def fill(row: dict[str, Any], index: int) -> dict[str, Any]:
+            return {"prompt": [
+                {"role": role, "content": _fill(content, row, index, label, position)}
+                for position, (role, content) in enumerate(templates)
+            ]}
+
+        remove = ["prompt"] if "prompt" in parent.column_names else None
+        return parent.map(fill, with_indices=True, remove_columns=remove, load_from_cache_file=False)
+
+
+def template_fields(text: str) -> list[str]:
+    """Names of the `{field}` placeholders of a template (`{a.b}`/`{a[0]}` count as field `a`)."""
+    names = []
+    for _, field, _, _ in string.Formatter().parse(text):
+        if field is not None:
+            names.append(field.split(".", 1)[0].split("[", 1)[0])
+    return names
+
+
+def _fill(template: str, row: dict[str, Any], index: int, label: str, position: int) -> str:
+    for field in template_fields(template):
+        if row.get(field) is None:
+            raise UserError(
+                f"{label} row {index}: column '{field}' used by messages_template[{position}].content is empty (null)"
+            )
+    try:
+        return template.format_map(row)
+    except (KeyError, AttributeError, IndexError, ValueError) as exc:
+        raise UserError(f"{label} row {index}: messages_template[{position}].content: cannot fill ({exc})") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Several sources
+
+
+class MultiDataSourceSpec(DataSourceSpec):
+    """Rows of several sources, concatenated in order; a column missing from a source is null in its rows."""
+
+    sources: list[DataSourceSpec] = Field(min_length=1, description="The sources (any data source each).")
+
+    def load_raw(self, label: str = "dataset"):
+        import datasets
+
+        parts = [source.load(f"{label}.sources[{i}]") for i, source in enumerate(self.sources)]
+        _check_prompt_formats(parts, label)
+        features: dict[str, Any] = {}
+        for part in parts:
+            for name, feature in part.features.items():
+                features.setdefault(name, feature)
+        aligned = []
+        for i, part in enumerate(parts):
+            for name, feature in features.items():
+                if name not in part.column_names:
+                    part = part.add_column(name, [None] * len(part), feature=feature)
+            part = part.select_columns(list(features))
+            try:
+                part = part.cast(datasets.Features(features))
+            except Exception as exc:  # noqa: BLE001 - incompatible column types across sources
+                raise UserError(
+                    f"{label}.sources[{i}]: columns do not match source 0's types ({_short(exc)})"
+                ) from None
+            aligned.append(part)
+        return datasets.concatenate_datasets(aligned)
+
+
+def _prompt_format(ds) -> str | None:
+    feature = ds.features.get("prompt")
+    if feature is None:
+        return None
+    dtype = getattr(feature, "dtype", None)
+    return "standard (string)" if dtype in ("string", "large_string") else "conversational (list of messages)"
+
+
+def _check_prompt_formats(parts: list, label: str) -> None:
+    formats = [_prompt_format(part) for part in parts]
+    present = [(i, f) for i, f in enumerate(formats) if f is not None]
+    for i, fmt in present[1:]:
+        if fmt != present[0][1]:
+            raise UserError(
+                f"{label}.sources[{i}]: prompts are {fmt} but sources[{present[0][0]}] has {present[0][1]} "
+                "prompts; use one format (e.g. a messages_template for every source)"
+            )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Validation and length filtering (called by the recipe)
+
+
+def validate_prompt_row(row: dict[str, Any], index: int, label: str = "dataset") -> None:
+    """Raise a UserError naming the row and field if `row` is not a valid prompt-only row."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise UserError(f"{label} row {index}: prompt: empty string")
+        return
+    if not isinstance(prompt, list) or not prompt:
+        raise UserError(f"{label} row {index}: prompt: expected a string or a list of messages, got {prompt!r}"[:300])
+    for position, message in enumerate(prompt):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise UserError(f"{label} row {index}: prompt[{position}].role: expected system, user or assistant")
+        if not isinstance(message.get("content"), str):
+            raise UserError(f"{label} row {index}: prompt[{position}].content: expected a string")
+    if prompt[-1]["role"] != "user":
+        raise UserError(f"{label} row {index}: prompt: the last message must be from the user")
+
+
+def validate_prompts(dataset, source_label: str = "dataset") -> None:
+    """Check every row of a loaded dataset (see `validate_prompt_row`); the first bad row raises a UserError."""
+    if "prompt" not in dataset.column_names:
+        raise UserError(
+            f"{source_label}: no 'prompt' column (columns: {', '.join(dataset.column_names)}); "
+            "use rename_columns or a TemplateInstructDatasourceSpec"
+        )
+    if len(dataset) == 0:
+        raise UserError(f"{source_label}: the dataset has no rows")
+    for index, prompt in enumerate(dataset["prompt"]):
+        validate_prompt_row({"prompt": prompt}, index, source_label)
+
+
+def prompt_token_counts(prompts: list, tokenizer) -> list[int]:
+    """Policy tokens per prompt as generation sees it (chat template + generation prompt for conversations)."""
+    conversational = [p for p in prompts if isinstance(p, list)]
+    if conversational and not getattr(tokenizer, "chat_template", None):
+        raise UserError("dataset: conversational prompts need a tokenizer with a chat template")
+    counts = [0] * len(prompts)
+    chats = [i for i, p in enumerate(prompts) if isinstance(p, list)]
+    plains = [i for i, p in enumerate(prompts) if not isinstance(p, list)]
+    if chats:
+        texts = [tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
+        # The chat template already writes any BOS token, so no special tokens are added again.
+        for i, ids in zip(chats, tokenizer(texts, add_special_tokens=False)["input_ids"]):
+            counts[i] = len(ids)
+    if plains:
+        for i, ids in zip(plains, tokenizer([str(prompts[i]) for i in plains])["input_ids"]):
+            counts[i] = len(ids)
+    return counts
+
+
+def filter_long_prompts(dataset, tokenizer, response_length: int) -> tuple[Any, int]:
+    """Drop rows whose prompt is longer than 0.9 * response_length tokens (seed 001's `filter_length`).
+
+    Returns (filtered dataset, number of rows dropped); the order of the kept rows is unchanged.
+    """
+    limit = FILTER_LENGTH_FRACTION * response_length
+    counts = prompt_token_counts(list(dataset["prompt"]), tokenizer)
+    keep = [i for i, count in enumerate(counts) if count <= limit]
+    dropped = len(dataset) - len(keep)
+    if dropped == 0:
+        return dataset, 0
+    return dataset.select(keep), dropped
