@@ -53,7 +53,9 @@ def generate(
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     positions = position_ids_from_mask(attention_mask)
-    out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    out = model(
+        input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
     past, logits = out.past_key_values, out.logits[:, -1, :]
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)

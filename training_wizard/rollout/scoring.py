@@ -17,9 +17,12 @@ def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) 
     """
     ids = torch.cat([prompt_ids, responses], dim=1)
     mask = torch.cat([prompt_mask.long(), torch.ones_like(responses)], dim=1)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
-    context = prompt_ids.shape[1]
-    return logits[:, context - 1 : -1]
+    # Only the last T + 1 positions need the vocabulary projection (the largest matmul for small models).
+    keep = responses.shape[1] + 1
+    logits = model(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), logits_to_keep=keep
+    ).logits
+    return logits[:, -keep:-1]
 
 
 @torch.no_grad()
