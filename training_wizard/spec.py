@@ -269,12 +269,18 @@ def _prefix_depth(candidate: list[str], names: list[str]) -> int:
 # Writing TOML (tomllib only reads): used for resolved_config.toml
 
 SECRET_KEY = re.compile(r"(^|_)(token|key|secret|password)$", re.IGNORECASE)
+# Names that end like credentials but hold tokenizer vocabulary, not secrets.
+NOT_SECRET = {"stop_token", "pad_token", "eos_token", "bos_token", "unk_token", "sep_token", "cls_token", "mask_token"}
+
+
+def is_secret_key(name: str) -> bool:
+    return name.lower() not in NOT_SECRET and SECRET_KEY.search(name) is not None
 
 
 def redact_secrets(data: Any) -> Any:
     """Replace the values of keys that look like credentials (`*_token`, `*_key`, ...) with '<redacted>'."""
     if isinstance(data, dict):
-        return {k: ("<redacted>" if SECRET_KEY.search(str(k)) and v else redact_secrets(v)) for k, v in data.items()}
+        return {k: ("<redacted>" if is_secret_key(str(k)) and v else redact_secrets(v)) for k, v in data.items()}
     if isinstance(data, list):
         return [redact_secrets(v) for v in data]
     return data

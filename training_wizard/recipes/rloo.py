@@ -69,7 +69,16 @@ class RLOORecipe(Recipe):
             train_dataset=train_rows, eval_dataset=eval_rows, accelerator=accelerator,
         )
         self._maybe_resume(trainer, console)
-        trainer.train()
+        from training_wizard.signals import TrainingInterrupted
+
+        try:
+            trainer.train()
+        except TrainingInterrupted as stop:
+            # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
+            import sys
+
+            print(f"training-wizard: {stop}", file=sys.stderr)
+            raise SystemExit(stop.exit_code) from None
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
 
@@ -99,20 +108,39 @@ class RLOORecipe(Recipe):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = redact_secrets(self.to_dict())
         data["recipe_class"] = data.pop("spec_class")
+        for key in ("output_dir", "seed"):  # top-level keys; [training] must not repeat them
+            data["training"].pop(key, None)
         path.write_text(dump_toml(data), encoding="utf-8")
         return path
 
     def _maybe_resume(self, trainer, console: Console) -> None:
+        """Load the checkpoint `resume_from_checkpoint` names and drop log records of iterations that will be
+        redone (metrics.jsonl, samples.jsonl), so every iteration is logged exactly once."""
         if not self.resume_from_checkpoint:
             return
-        from training_wizard.checkpoint import find_checkpoint, load_checkpoint
+        from training_wizard.checkpoint import (
+            config_hash, find_checkpoint, load_checkpoint, remove_stale_staging, truncate_run_logs,
+        )
 
         folder = find_checkpoint(self.output_dir, self.resume_from_checkpoint)
+        main_process = trainer.accelerator.is_main_process
         if folder is None:
             console.print("resume_from_checkpoint = latest: no checkpoint yet, starting fresh")
+            if main_process:
+                truncate_run_logs(self.output_dir, 0, 0)
+            trainer.accelerator.wait_for_everyone()
             return
-        load_checkpoint(trainer, folder)
-        console.print(f"resumed from {folder} (iteration {trainer.state.iteration})")
+        manifest = load_checkpoint(trainer, folder)
+        if main_process:
+            remove_stale_staging(self.output_dir)
+            truncate_run_logs(self.output_dir, trainer.state.iteration, trainer.state.episode)
+        trainer.accelerator.wait_for_everyone()
+        console.print(f"resumed from {folder} (iteration {trainer.state.iteration}, episode {trainer.state.episode})")
+        if manifest.get("config_sha256") not in (None, config_hash(trainer.config)):
+            console.print("note: the [training] settings differ from the checkpoint's; continuing with the new ones")
+        if manifest.get("world_size") not in (None, trainer.accelerator.num_processes):
+            console.print(f"note: the checkpoint was written by {manifest['world_size']} process(es), "
+                          f"this run has {trainer.accelerator.num_processes}")
 
 
 def batch_table(plan: BatchPlan) -> Table:

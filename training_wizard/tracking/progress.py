@@ -46,6 +46,7 @@ class ProgressDisplay:
                 f"episode {episode}/{self.total}  {metrics.get('eps', 0.0):.1f} eps/s  ETA {eta:.0f}s  {summary}",
                 highlight=False,
             )
+            self.console.file.flush()  # log files and pipes see each line as it happens
 
     def print(self, renderable) -> None:
         if self.enabled:
