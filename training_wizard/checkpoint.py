@@ -3,7 +3,13 @@ newest committed one. A folder without a valid manifest is never chosen for resu
 
 Layout of `output_dir/checkpoints/step-N/`: `model/` (save_pretrained, safetensors; an adapter for LoRA),
 `optimizer.pt` and `scheduler.pt` (tensors and plain data only, loaded with weights_only=True),
-`trainer_state.pt` (counters, data position, RNG states), `manifest.json` (files, sizes, sha256, step).
+`trainer_state.pt` (counters, data position, RNG states, accelerate's step counter), `manifest.json` (files,
+sizes, sha256, step, episode, config hash, library versions, world size).
+
+Commit order (RELIABILITY.md): refuse non-finite weights -> write every file into `.staging-step-N` -> manifest ->
+fsync files and folder -> rename to `step-N` -> fsync the parent -> rewrite `latest` (temp file + rename) ->
+prune older checkpoints beyond `save_total_limit`. A crash at any point leaves the previous checkpoint and
+`latest` intact; a failed write (disk full) removes the staging folder and stops with a one-line UserError.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,9 +25,14 @@ from typing import Any
 import torch
 
 from training_wizard.errors import UserError
+from training_wizard.guards import first_nonfinite_parameter
+from training_wizard.signals import fault_point
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
+FORMAT_VERSION = 1
+REQUIRED_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.pt")
+_LIBRARIES = ("torch", "transformers", "accelerate", "peft", "safetensors", "training_wizard")
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:
@@ -40,6 +52,8 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_file():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
     _fsync_dir(folder)
 
 
@@ -51,32 +65,108 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(trainer) -> Path | None:
-    """Write a checkpoint of `trainer` at its current iteration (main process writes; all processes wait)."""
+def config_hash(config) -> str:
+    """sha256 of the training config as JSON (output_dir left out, so a moved run folder still matches)."""
+    data = config.model_dump(mode="json")
+    data.pop("output_dir", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            found[name] = version(name.replace("_", "-"))
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def save_checkpoint(trainer, state: dict[str, Any] | None = None) -> Path:
+    """Commit a checkpoint of `trainer` (main process writes; every process takes part and gets any error).
+
+    `state`: the RunState to save (default: the current one); the loop passes the iteration's starting state when
+    it stops before an update, which is exact because weights, optimizer and scheduler are unchanged there.
+    """
     accelerator = trainer.accelerator
     root = checkpoints_dir(trainer.config.output_dir)
-    step = trainer.state.iteration
-    final = root / f"step-{step}"
+    run_state = state if state is not None else trainer.state.state_dict()
+    step = int(run_state["iteration"])
+    bad = first_nonfinite_parameter(trainer.unwrapped_policy)
+    if bad is not None:  # same weights on every rank, so every rank raises here
+        raise UserError(
+            f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the previous "
+            "checkpoint is kept. Lower training.learning_rate or set training.skip_nonfinite_batches = true"
+        )
+    sharded = accelerator.distributed_type.name in ("DEEPSPEED", "FSDP")
+    state_dict = accelerator.get_state_dict(trainer.policy) if sharded else None  # a collective when sharded
     accelerator.wait_for_everyone()
-    state = {"trainer": trainer.state.state_dict(), "rank_rng": torch.get_rng_state()}
+    error = None
     if accelerator.is_main_process:
-        staging = root / f".staging-step-{step}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        accelerator.unwrap_model(trainer.policy).save_pretrained(staging / "model", safe_serialization=True)
-        torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
-        torch.save(state, staging / "trainer_state.pt")
-        write_manifest(staging, step)
-        _fsync_tree(staging)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        _fsync_dir(root)
-        _write_latest(root, final.name)
-        _prune(root, trainer.config.save_total_limit, keep=final.name)
-    accelerator.wait_for_everyone()
-    return final
+        try:
+            _write_and_commit(trainer, root, step, run_state, state_dict)
+        except Exception as exc:  # noqa: BLE001 - disk full, permissions, a serializer's I/O error
+            # Reported on every rank (instead of leaving the others waiting); the staging folder is dropped.
+            shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
+            latest = _read_latest(root)
+            kept = f"checkpoints/{latest} is kept" if latest else "no earlier checkpoint exists"
+            if isinstance(exc, OSError) and exc.strerror:
+                reason = exc.strerror + (f" while writing {Path(exc.filename).name}" if exc.filename else "")
+            else:
+                reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+            error = (
+                f"checkpoint step-{step} could not be written ({reason}); {kept}; fix the cause (e.g. free disk "
+                "space) and run again with resume_from_checkpoint=latest"
+            )
+    trainer._raise_if_any_process_failed(error)
+    trainer._last_saved_step = step
+    return root / f"step-{step}"
+
+
+def _write_and_commit(trainer, root: Path, step: int, run_state: dict[str, Any], state_dict) -> None:
+    from transformers.utils import logging as hf_logging
+
+    accelerator = trainer.accelerator
+    final, staging = root / f"step-{step}", root / f".staging-step-{step}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    fault_point("save:start", step)
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # keep stderr for our own one-line messages
+    try:
+        model = accelerator.unwrap_model(trainer.policy)
+        model.save_pretrained(staging / "model", state_dict=state_dict, safe_serialization=True)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+    fault_point("save:model", step)
+    torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+    fault_point("save:optimizer", step)
+    torch.save(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
+    trainer_state = {"trainer": run_state, "accelerator_step": int(accelerator.step)}
+    torch.save(trainer_state, staging / "trainer_state.pt")
+    write_manifest(staging, step, {
+        "format": FORMAT_VERSION,
+        "episode": int(run_state["episode"]),
+        "config_sha256": config_hash(trainer.config),
+        "world_size": accelerator.num_processes,
+        "versions": library_versions(),
+    })
+    _fsync_tree(staging)
+    fault_point("save:before-rename", step)
+    aside = root / f".replaced-step-{step}"
+    if final.exists():  # an older copy of this step (a resumed run redoing it): move it aside, drop it after
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    os.replace(staging, final)
+    _fsync_dir(root)
+    fault_point("save:renamed", step)
+    _write_latest(root, final.name)
+    shutil.rmtree(aside, ignore_errors=True)
+    fault_point("save:latest", step)
+    _prune(root, trainer.config.save_total_limit, keep=final.name)
 
 
 def write_manifest(folder: Path, step: int, extra: dict[str, Any] | None = None) -> None:
@@ -89,17 +179,34 @@ def write_manifest(folder: Path, step: int, extra: dict[str, Any] | None = None)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
+def read_manifest(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / MANIFEST).read_text())
+
+
 def is_valid_checkpoint(folder: Path) -> bool:
-    """True when the manifest exists and every file in it has the recorded size and hash."""
+    """True when the manifest exists, lists the required files and safetensors weights, and every file in it has
+    the recorded size and hash."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        for name, entry in manifest["files"].items():
+        manifest = read_manifest(folder)
+        files = manifest["files"]
+        if not all(name in files for name in REQUIRED_FILES):
+            return False
+        if not any(name.startswith("model/") and name.endswith(".safetensors") for name in files):
+            return False
+        for name, entry in files.items():
             path = folder / name
             if path.stat().st_size != entry["size"] or _sha256(path) != entry["sha256"]:
                 return False
         return True
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def _read_latest(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _write_latest(root: Path, name: str) -> None:
@@ -128,17 +235,22 @@ def _prune(root: Path, limit: int | None, keep: str) -> None:
 
 
 def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
-    """Resolve `resume_from_checkpoint`: "latest" (None if there is no valid one yet) or a folder path."""
+    """Resolve `resume_from_checkpoint`: "latest" (None if there is no valid one yet) or a folder path.
+
+    "latest" tries the `latest` pointer first, then every `step-N` from the newest down, and takes the first
+    whose manifest verifies: a folder cut short by a crash (staging never renamed, a file missing or truncated)
+    is passed over.
+    """
     if which != "latest":
         folder = Path(which)
         if not is_valid_checkpoint(folder):
             raise UserError(f"resume_from_checkpoint: '{which}' is not a complete checkpoint (manifest missing or wrong)")
         return folder
     root = checkpoints_dir(output_dir)
-    pointer = root / LATEST
     candidates = []
-    if pointer.is_file():
-        candidates.append(root / pointer.read_text().strip())
+    latest = _read_latest(root)
+    if latest and "/" not in latest and latest not in (".", ".."):
+        candidates.append(root / latest)
     candidates += sorted((p for p in root.glob("step-*") if p.is_dir()), key=_step_of, reverse=True)
     for folder in candidates:
         if is_valid_checkpoint(folder):
@@ -146,19 +258,86 @@ def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
     return None
 
 
-def load_checkpoint(trainer, folder: Path) -> None:
-    """Restore weights, optimizer, scheduler, counters, data position and RNG streams into `trainer`."""
+def _load_plain(path: Path) -> Any:
+    """torch.load with weights_only=True: tensors and plain containers only; anything else is refused."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unpickling refusal or a corrupt file: the user's checkpoint
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(
+            f"resume_from_checkpoint: {path} is not plain tensor data and was not loaded "
+            f"(weights_only=True refused it: {reason})"
+        ) from None
+
+
+def load_checkpoint(trainer, folder: Path) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, counters, data position, RNG streams and accelerate's step counter
+    into `trainer`. Weights come from safetensors only; the .pt files load with weights_only=True. Returns the
+    manifest (for notes on a changed config or world size)."""
     from safetensors.torch import load_file
 
+    folder = Path(folder)
+    optimizer_state = _load_plain(folder / "optimizer.pt")
+    scheduler_state = _load_plain(folder / "scheduler.pt")
+    state = _load_plain(folder / "trainer_state.pt")
     model = trainer.accelerator.unwrap_model(trainer.policy)
-    weights = folder / "model" / "model.safetensors"
-    if weights.exists():
-        model.load_state_dict(load_file(str(weights)), strict=False)
-    else:  # a LoRA adapter
+    adapter = folder / "model" / "adapter_model.safetensors"
+    if adapter.exists():  # a LoRA adapter
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(folder / "model" / "adapter_model.safetensors")))
-    trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    state = torch.load(folder / "trainer_state.pt", weights_only=True)
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+    else:
+        weights: dict[str, torch.Tensor] = {}
+        for shard in sorted((folder / "model").glob("*.safetensors")):  # one file, or shards of a large model
+            weights.update(load_file(str(shard)))
+        _, unexpected = model.load_state_dict(weights, strict=False)  # tied weights may be absent from the file
+        if unexpected or not weights:
+            raise UserError(
+                f"resume_from_checkpoint: {folder}/model does not match the policy "
+                f"({'unexpected weight ' + unexpected[0] if unexpected else 'no weights found'})"
+            )
+    trainer.optimizer.load_state_dict(optimizer_state)
+    trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])
+    trainer.accelerator.step = int(state.get("accelerator_step", 0))
+    trainer._last_saved_step = trainer.state.iteration
+    return read_manifest(folder)
+
+
+def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:
+    """On resume, drop metrics.jsonl and samples.jsonl records written after the checkpoint (iterations that will
+    be redone) and any line cut short by a crash, so no iteration is ever logged twice. Rewritten atomically.
+
+    metrics.jsonl records are kept while `episode` <= the checkpoint's episode; samples.jsonl rows while
+    `step` <= its iteration. Returns how many lines each file lost.
+    """
+    dropped = {}
+    for name, key, limit in (("metrics.jsonl", "episode", episode), ("samples.jsonl", "step", iteration)):
+        path = Path(output_dir) / name
+        if not path.is_file():
+            continue
+        kept, lost = [], 0
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                keep = isinstance(record, dict) and int(record.get(key, 0)) <= limit
+            except (ValueError, TypeError):
+                keep = False  # a torn last line
+            if keep:
+                kept.append(line)
+            elif line.strip():
+                lost += 1
+        if lost:
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        dropped[name] = lost
+    return dropped
+
+
+def remove_stale_staging(output_dir: str | Path) -> None:
+    """Staging folders a crash left behind are never resumed from; remove them (main process, on resume)."""
+    root = checkpoints_dir(output_dir)
+    for pattern in (".staging-step-*", ".replaced-step-*"):
+        for folder in root.glob(pattern):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,10 @@ One iteration (DESIGN section 1):
   6. shape rewards with KL and compute advantages             subclass: `compute_advantages`
   7. update: epochs x mini-batches x gradient accumulation    `_update` + subclass `policy_loss`
   8. log metrics and samples, evaluate, checkpoint            `_log`, `_evaluate`, checkpoint.save_checkpoint
+
+Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
+the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
+the rollout and every mini-batch; a checkpoint restores the run exactly (weights, optimizer, scheduler, RunState).
 """
 
 from __future__ import annotations
@@ -25,22 +29,29 @@ from accelerate.utils import set_seed
 
 from training_wizard.core.logprobs import entropy_from_logits, selective_logprobs
 from training_wizard.core.masking import masked_mean, truncate_after_stop
+from training_wizard import guards
 from training_wizard.errors import UserError
 from training_wizard.rollout.generation import GenerationParams, generate
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores, response_logits
+from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 
 
 class RunState:
-    """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams."""
+    """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams.
+
+    `state_dict()` is plain data (ints, dicts, CPU tensors), so checkpoints load with `weights_only=True`.
+    Sampling noise is keyed by (seed, iteration, slot) and needs no state of its own.
+    """
 
     def __init__(self, seed: int, num_rows: int):
         self.iteration = 0
         self.episode = 0
+        self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
         self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
 
@@ -48,6 +59,7 @@ class RunState:
         return {
             "iteration": self.iteration,
             "episode": self.episode,
+            "skipped_batches": self.skipped_batches,
             "prompt_order": self.prompt_order.state_dict(),
             "update_generator": self.update_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -55,6 +67,7 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
+        self.skipped_batches = int(state.get("skipped_batches", 0))
         self.prompt_order.load_state_dict(state["prompt_order"])
         self.update_generator.set_state(state["update_generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -99,6 +112,7 @@ class OnPolicyTrainer:
             max(1, self.plan.num_iterations // config.num_sample_generations) if config.num_sample_generations else 0
         )
         self._resumed_from: str | None = None
+        self._last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     # ---------------------------------------------------------------------------------------------- set-up
     def _stop_token_id(self) -> int | None:
@@ -280,6 +294,7 @@ class OnPolicyTrainer:
     def collect_rollout(self) -> Rollout:
         rows, seeds = self._next_prompts()
         rollout = self._generate(self.train_prompts, rows, seeds)
+        fault_point("generation", self.state.iteration)
         self._score(rollout, self.train_prompts, rows)
         return rollout
 
@@ -297,27 +312,55 @@ class OnPolicyTrainer:
 
         `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
         all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
-        whose engine does its own accumulation).
+        whose engine does its own accumulation). Every mini-batch is exactly gradient_accumulation_steps
+        micro-batches, so accelerate's step counter is a multiple of them at every iteration boundary (which is
+        what makes a checkpoint taken there resume exactly).
         """
         config, plan = self.config, self.plan
         self.policy.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for _ in range(config.num_ppo_epochs):
+        device = self.accelerator.device
+        for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
-            for start in range(0, plan.local_batch_size, plan.micro_batch_size):
-                with self.accelerator.accumulate(self.policy):
-                    self._micro_step(rollout, advantages, order[start : start + plan.micro_batch_size], stats)
-                    if self.accelerator.sync_gradients and config.max_grad_norm is not None:
-                        self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
+            for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
+                flags = torch.zeros(2, dtype=torch.bool, device=device)  # non-finite logits, loss
+                for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
+                    with self.accelerator.accumulate(self.policy):
+                        self._micro_step(rollout, advantages, order[start : start + plan.micro_batch_size], stats, flags)
+                        if self.accelerator.sync_gradients:
+                            self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
+                fault_point("update", self.state.iteration)
         ratios = torch.cat(stats.pop("ratio"))
         summary = {key: torch.stack(values).mean() for key, values in stats.items()}
         ratios = self.accelerator.gather(ratios.to(self.accelerator.device))
         summary["val/ratio"], summary["val/ratio_var"] = ratios.mean(), ratios.var(unbiased=False)
         return {key: float(self.accelerator.reduce(v.to(self.accelerator.device), "mean")) for key, v in summary.items()}
 
-    def _micro_step(self, rollout, advantages, index, stats) -> None:
+    def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
+        """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
+        config = self.config
+        if config.max_grad_norm is not None:
+            norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
+        else:
+            grads = [p.grad.detach() for p in self.policy.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
+        checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
+        grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
+        bad = torch.cat([flags, grad_bad.to(flags.device)])
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad.int(), "sum") > 0  # every rank steps or skips together
+        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad.tolist())
+        if name is None:
+            self.optimizer.step()
+        elif config.skip_nonfinite_batches:
+            self.state.skipped_batches += 1
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise guards.nonfinite_error(name, self.state.iteration, where)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _micro_step(self, rollout, advantages, index, stats, flags: torch.Tensor | None = None) -> None:
         rows = rollout.rows(index)
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
@@ -325,6 +368,9 @@ class OnPolicyTrainer:
         self.accelerator.backward(out.loss)
         with torch.no_grad():
             entropy = masked_mean(entropy_from_logits(logits.detach(), self.config.temperature), rows["response_mask"])
+            if flags is not None:  # numerical guard: one isfinite reduction per tensor, no host sync here
+                flags[0] |= ~torch.isfinite(logits.detach()).all()
+                flags[1] |= ~torch.isfinite(out.loss.detach()).all()
         stats["loss/policy_avg"].append(out.loss.detach())
         stats["policy/approxkl_avg"].append(out.approxkl)
         stats["policy/clipfrac_avg"].append(out.clipfrac)
@@ -333,37 +379,83 @@ class OnPolicyTrainer:
 
     # ---------------------------------------------------------------------------------------------- loop
     def train(self) -> None:
-        from training_wizard.checkpoint import save_checkpoint
-
-        plan, config = self.plan, self.config
+        """Run the remaining iterations. On SIGTERM/SIGINT: checkpoint at the next safe point, then raise
+        `TrainingInterrupted` (the CLI exits 128 + signal number)."""
+        plan = self.plan
         progress = ProgressDisplay(plan.total_episodes, enabled=self.is_main, start_episode=self.state.episode)
-        started = time.perf_counter()
-        start_episode = self.state.episode
+        clock = (time.perf_counter(), self.state.episode)
         try:
-            while self.state.iteration < plan.num_iterations:
-                rollout = self.collect_rollout()
-                shaped = self.compute_advantages(rollout)
-                update_started = time.perf_counter()
-                update_stats = self._update(rollout, shaped["advantages"])
-                rollout.timings["update"] = time.perf_counter() - update_started
-                self.lr_scheduler.step()
-                self.state.iteration += 1
-                self.state.episode += plan.batch_size
-                elapsed = time.perf_counter() - started
-                eps = (self.state.episode - start_episode) / max(elapsed, 1e-9)
-                metrics = self._iteration_metrics(rollout, shaped, update_stats, eps)
-                if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
-                    self.metrics.log(metrics, self.state.iteration)
-                    progress.update(self.state.episode, metrics)
-                if self.sample_every and self.state.iteration % self.sample_every == 0:
-                    progress.print(self._sample_table(rollout))
-                if config.eval_steps and self.eval_prompts is not None and self.state.iteration % config.eval_steps == 0:
-                    self.metrics.log(self.evaluate(), self.state.iteration)
-                if config.save_steps and self.state.iteration % config.save_steps == 0:
-                    save_checkpoint(self)
+            with StopRequest() as stop:
+                while self.state.iteration < plan.num_iterations:
+                    self._iteration(stop, progress, clock)
         finally:
             progress.close()
             self.metrics.close()
+
+    def _iteration(self, stop: StopRequest, progress: ProgressDisplay, clock: tuple[float, int]) -> None:
+        from training_wizard.checkpoint import save_checkpoint
+
+        plan, config = self.plan, self.config
+        start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
+        rollout = self.collect_rollout()
+        shaped = self.compute_advantages(rollout)
+        stop_now, skip_update = self._before_update(stop, rollout, shaped["advantages"])
+        if stop_now:
+            self._stop(stop, start_state)
+        update_started = time.perf_counter()
+        update_stats = {} if skip_update else self._update(rollout, shaped["advantages"])
+        rollout.timings["update"] = time.perf_counter() - update_started
+        self.lr_scheduler.step()
+        self.state.iteration += 1
+        self.state.episode += plan.batch_size
+        eps = (self.state.episode - clock[1]) / max(time.perf_counter() - clock[0], 1e-9)
+        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps)
+        if config.skip_nonfinite_batches:
+            metrics["guards/skipped_batches"] = self.state.skipped_batches
+        if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
+            self.metrics.log(metrics, self.state.iteration)
+            progress.update(self.state.episode, metrics)
+        if self.sample_every and self.state.iteration % self.sample_every == 0:
+            progress.print(self._sample_table(rollout))
+        if config.eval_steps and self.eval_prompts is not None and self.state.iteration % config.eval_steps == 0:
+            self.metrics.log(self.evaluate(), self.state.iteration)
+        fault_point("iteration", self.state.iteration)
+        if config.save_steps and self.state.iteration % config.save_steps == 0:
+            save_checkpoint(self)
+        if self._agree(stop.requested)[0]:
+            self._stop(stop)
+
+    def _before_update(self, stop: StopRequest, rollout: Rollout, advantages: torch.Tensor) -> tuple[bool, bool]:
+        """(stop now, skip this update): agreed over processes in one all-reduce. A non-finite rollout (logprobs,
+        reference logprobs, scores, advantages) stops the run, or skips the whole update in skip mode."""
+        flags = guards.rollout_flags(rollout, advantages)
+        agreed = self._agree(stop.requested, *flags.tolist())
+        stop_now, bad = agreed[0], agreed[1:]
+        name = guards.first_flagged(guards.ROLLOUT_TENSORS, bad)
+        if name is None or stop_now:
+            return stop_now, False
+        if not self.config.skip_nonfinite_batches:
+            raise guards.nonfinite_error(name, self.state.iteration, " (rollout)")
+        self.state.skipped_batches += self.config.num_ppo_epochs * self.config.num_mini_batches
+        return False, True
+
+    def _agree(self, *flags: bool) -> list[bool]:
+        """Each flag is True on every process if it is True on any (one all-reduce; none on one process)."""
+        if self.accelerator.num_processes == 1:
+            return [bool(f) for f in flags]
+        local = torch.tensor([int(bool(f)) for f in flags], device=self.accelerator.device)
+        return [bool(v) for v in (self.accelerator.reduce(local, "sum") > 0).tolist()]
+
+    def _stop(self, stop: StopRequest, state: dict[str, Any] | None = None) -> None:
+        """Commit a checkpoint of `state` (default: the current one) unless it is already saved, then raise."""
+        from training_wizard.checkpoint import checkpoints_dir, save_checkpoint
+
+        step = int((state or {"iteration": self.state.iteration})["iteration"])
+        folder = checkpoints_dir(self.config.output_dir) / f"step-{step}"
+        if self._last_saved_step != step:
+            folder = save_checkpoint(self, state=state)
+        # Ranks that saw no signal themselves stop with the signal the others got (SIGTERM if unknown).
+        raise TrainingInterrupted(stop.signum or 15, str(folder), step)
 
     def _iteration_metrics(self, rollout: Rollout, shaped, update_stats: dict[str, float], eps: float) -> dict:
         reduce = self.accelerator.reduce

@@ -106,6 +106,11 @@ class OnPolicyConfig(Spec):
     eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
     save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
     save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
+    skip_nonfinite_batches: bool = Field(
+        False,
+        description="On a NaN/inf in logits, loss or gradient, skip that mini-batch's optimizer step (counted in "
+        "guards/skipped_batches; a non-finite rollout skips the whole update) instead of stopping the run.",
+    )
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
         default_factory=list, description="Extra trackers; metrics.jsonl is always written."
     )

@@ -1,0 +1,165 @@
+"""Through the Python API: prompt order across a resume (also at an epoch boundary), a save that fails with a full
+disk, and the numerical guards."""
+
+import errno
+
+import pytest
+import torch
+
+from training_wizard import RLOOConfig, RLOOTrainer, signals
+from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint, load_checkpoint
+from training_wizard.errors import UserError
+from training_wizard.signals import TrainingInterrupted
+from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.tracking.metrics import read_metrics
+
+from reliability_helpers import assert_bitwise_equal
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(autouse=True)
+def fresh_faults(monkeypatch):
+    signals._fired.clear()
+    monkeypatch.delenv(signals.FAULT_ENV, raising=False)
+
+
+def distinct(prompts, completions, **columns):
+    return [float(len(set(c))) for c in completions]
+
+
+def make(tokenizer, out, reward=distinct, **overrides):
+    options = dict(output_dir=str(out), seed=11, rloo_k=2, per_device_train_batch_size=4, num_mini_batches=2,
+                   num_ppo_epochs=2, total_episodes=8 * 6, response_length=5, learning_rate=2e-3,
+                   num_sample_generations=0, save_steps=1)
+    options.update(overrides)
+    trainer = RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer),
+                          reward_model=reward, train_dataset=[{"prompt": f"Item {i}."} for i in range(6)])
+    trainer.taken = []
+    original = trainer._next_prompts
+
+    def record():
+        rows, seeds = original()
+        trainer.taken.append((trainer.state.iteration, rows[: trainer.plan.local_prompts]))
+        return rows, seeds
+
+    trainer._next_prompts = record
+    return trainer
+
+
+@pytest.mark.parametrize("fault, stop_step", [("generation@2=term", 2), ("iteration@3=term", 3)])
+def test_prompts_after_resume_are_exactly_the_uninterrupted_ones(tokenizer, tmp_path, monkeypatch, fault, stop_step):
+    # 6 prompts, 4 per iteration: epochs end inside iteration 1 and exactly after iteration 3 (the second case)
+    full = make(tokenizer, tmp_path / "full")
+    full.train()
+    monkeypatch.setenv(signals.FAULT_ENV, fault)
+    first = make(tokenizer, tmp_path / "cut")
+    with pytest.raises(TrainingInterrupted) as stopped:
+        first.train()
+    assert stopped.value.exit_code == 143 and stopped.value.step == stop_step
+    monkeypatch.delenv(signals.FAULT_ENV)
+    second = make(tokenizer, tmp_path / "cut")
+    load_checkpoint(second, find_checkpoint(tmp_path / "cut", "latest"))
+    assert second.state.iteration == stop_step
+    if stop_step == 3:
+        assert second.state.prompt_order.state_dict()["position"] == 0  # resumed exactly at an epoch boundary
+    second.train()
+    consumed = [t for t in first.taken if t[0] < stop_step] + second.taken
+    assert consumed == full.taken  # no repeats, no skips, same order
+    assert_bitwise_equal(second.unwrapped_policy.state_dict(), full.unwrapped_policy.state_dict(), "weights")
+    assert_bitwise_equal(second.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
+
+
+def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch):
+    trainer = make(tokenizer, tmp_path, total_episodes=8 * 3)
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, path, *args, **kwargs):
+        calls.append(str(path))
+        if str(path).endswith("optimizer.pt") and len([c for c in calls if c.endswith("optimizer.pt")]) == 2:
+            with open(path, "wb") as handle:
+                handle.write(b"partial")  # half a file, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(UserError) as failure:
+        trainer.train()
+    message = str(failure.value)
+    assert "\n" not in message and "checkpoint step-2 could not be written" in message
+    assert "No space left on device" in message and "checkpoints/step-1 is kept" in message
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text() == "step-1"
+    assert not (root / "step-2").exists() and not (root / ".staging-step-2").exists()
+    assert is_valid_checkpoint(root / "step-1") and find_checkpoint(tmp_path, "latest") == root / "step-1"
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = make(tokenizer, tmp_path, total_episodes=8 * 3)
+    load_checkpoint(resumed, root / "step-1")
+    assert resumed.state.iteration == 1
+    resumed.train()  # and it continues from there
+
+
+def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tmp_path):
+    trainer = make(tokenizer, tmp_path)
+    real_loss, calls = trainer.policy_loss, []
+
+    def nan_on_fifth(*args):
+        out = real_loss(*args)
+        calls.append(1)
+        if len(calls) == 5:  # iteration 1, epoch 0, mini-batch 0
+            out.loss = out.loss * float("nan")
+        return out
+
+    trainer.policy_loss = nan_on_fifth
+    with pytest.raises(UserError) as failure:
+        trainer.train()
+    assert str(failure.value).startswith("training: non-finite logits at step 1 (ppo epoch 0, mini-batch 0)") or \
+        str(failure.value).startswith("training: non-finite loss at step 1 (ppo epoch 0, mini-batch 0)")
+    assert "skip_nonfinite_batches" in str(failure.value)
+    assert all(torch.isfinite(p).all() for p in trainer.unwrapped_policy.parameters())  # never stepped on NaN
+
+
+def test_skip_nonfinite_batches_skips_the_step_and_counts_it(tokenizer, tmp_path):
+    trainer = make(tokenizer, tmp_path, skip_nonfinite_batches=True)
+    real_loss, calls = trainer.policy_loss, []
+
+    def nan_once(*args):
+        out = real_loss(*args)
+        calls.append(1)
+        if len(calls) == 5:
+            out.loss = out.loss * float("nan")
+        return out
+
+    trainer.policy_loss = nan_once
+    trainer.train()
+    metrics = read_metrics(tmp_path)
+    assert [m["guards/skipped_batches"] for m in metrics] == [0, 1, 1, 1, 1, 1]
+    steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
+    assert steps == {6 * 4 - 1}  # 6 iterations x 2 epochs x 2 mini-batches, one skipped
+    assert all(torch.isfinite(p).all() for p in trainer.unwrapped_policy.parameters())
+
+
+def test_nonfinite_gradient_is_named(tokenizer, tmp_path):
+    trainer = make(tokenizer, tmp_path)
+    weight = trainer.unwrapped_policy.lm_head.weight
+    weight.register_hook(lambda grad: grad * float("inf"))
+    with pytest.raises(UserError, match=r"^training: non-finite gradient at step 0 \(ppo epoch 0, mini-batch 0\)"):
+        trainer.train()
+
+
+def test_nonfinite_weights_are_never_committed_and_rollout_guard(tokenizer, tmp_path):
+    trainer = make(tokenizer, tmp_path, skip_nonfinite_batches=True)
+    with torch.no_grad():
+        trainer.unwrapped_policy.lm_head.weight[3, 5] = float("nan")
+    with pytest.raises(UserError) as failure:
+        trainer.train()  # the rollout guard skips the update; the save refuses the NaN weights
+    assert str(failure.value).startswith("checkpoint step-1 not written: parameter 'lm_head.weight' has non-finite")
+    assert find_checkpoint(tmp_path, "latest") is None and not list((tmp_path / "checkpoints").glob("*step-1"))
+    strict = make(tokenizer, tmp_path / "strict")
+    with torch.no_grad():
+        strict.unwrapped_policy.lm_head.weight[3, 5] = float("nan")
+    with pytest.raises(UserError, match=r"^training: non-finite rollout logprobs at step 0 \(rollout\)"):
+        strict.train()

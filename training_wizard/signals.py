@@ -1,0 +1,90 @@
+"""Stopping on SIGTERM / SIGINT at a safe point, and the fault-injection hook the reliability tests use.
+
+The first SIGTERM or SIGINT only sets a flag (and puts the previous handlers back, so a second signal acts as it
+did before: SIGINT raises KeyboardInterrupt, SIGTERM kills). The training loop reads the flag at two safe points
+per iteration, agrees on it across processes (an all-reduce, so every rank stops at the same iteration and none
+is left waiting in a collective), writes a checkpoint and raises `TrainingInterrupted`. The CLI turns that into
+exit code 128 + signal number: 143 for SIGTERM, 130 for SIGINT (see RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Test-only: `point@step[#rank][=action]`, comma-separated; action `kill` (default, SIGKILL) or `term` / `int`.
+FAULT_ENV = "TRAINING_WIZARD_FAULT_INJECT"
+_fired: set[str] = set()  # each injected fault acts once per process
+
+
+def exit_code_for(signum: int) -> int:
+    """The shell convention 128 + signal number: 143 for SIGTERM, 130 for SIGINT."""
+    return 128 + int(signum)
+
+
+class TrainingInterrupted(Exception):
+    """Raised by `train()` after a stop signal, once the checkpoint is committed."""
+
+    def __init__(self, signum: int, checkpoint: str | None, step: int):
+        self.signum, self.checkpoint, self.step = int(signum), checkpoint, step
+        self.exit_code = exit_code_for(signum)
+        name = signal.Signals(self.signum).name
+        super().__init__(
+            f"stopped by {name} at step {step}; checkpoint {checkpoint}; "
+            "run again with resume_from_checkpoint=latest to continue"
+        )
+
+
+class StopRequest:
+    """Context manager: while active, SIGTERM/SIGINT set `signum` instead of ending the process."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():  # signal.signal only works there
+            for signum in HANDLED_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # Only set a flag: printing or saving here could re-enter I/O the main thread is in the middle of.
+        if self.signum is None:
+            self.signum = signum
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+def fault_point(name: str, step: int) -> None:
+    """Test hook: when TRAINING_WIZARD_FAULT_INJECT names this point and step (and rank), act on it.
+
+    Costs one environment lookup when unset. Used by tests/reliability to kill a run (SIGKILL) or stop it
+    (SIGTERM/SIGINT) at exact places: mid-generation, mid-update, between the files of a save, before the rename.
+    """
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    rank = os.environ.get("RANK", "0")
+    for entry in spec.split(","):
+        target, _, action = entry.strip().partition("=")
+        point, _, where = target.partition("@")
+        at_step, _, at_rank = where.partition("#")
+        if point != name or not at_step or int(at_step) != step or (at_rank and at_rank != rank) or entry in _fired:
+            continue
+        _fired.add(entry)
+        sig = {"": signal.SIGKILL, "kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action]
+        os.kill(os.getpid(), sig)

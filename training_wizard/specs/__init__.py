@@ -1,0 +1,1 @@
+"""Specs that build objects: models, data sources, rewards."""
