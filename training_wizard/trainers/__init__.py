@@ -1,0 +1,1 @@
+"""Trainers: the batch glossary and configs, the shared on-policy loop, RLOO."""
