@@ -16,7 +16,10 @@ examples:
   accelerate launch -m training_wizard examples/rloo/config.toml
 
 Overrides use the recipe's dotted key paths; values are read as TOML (numbers, booleans, "strings", [lists]).
-Mistakes in the recipe end with one line naming the file and key, and exit code 2.
+
+Exit codes: 0 finished; 2 a recipe/data/reward mistake, a non-finite value or a checkpoint that cannot be
+written or loaded (one line on stderr); 143 stopped by SIGTERM, 130 by SIGINT (Ctrl-C), after committing a
+checkpoint. Continue any stopped or killed run with resume_from_checkpoint=latest (see RELIABILITY.md).
 """
 
 
@@ -69,6 +72,7 @@ def _quiet_libraries() -> None:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars would go to stderr
         import datasets
 
         datasets.logging.set_verbosity_error()

@@ -74,21 +74,7 @@ def run(capsys, path):
     return code, [line for line in captured.err.splitlines() if line.strip()], captured.err
 
 
-# Open bugs outside this suite's files, found by this fuzz (RELIABILITY.md, "open"): counted and reported, and
-# pinned by the strict xfail tests below, so fixing them turns those into failures that ask for cleanup here.
-KNOWN = {
-    "recipe_class not a string crashes (recipes/base.py RECIPE_ALIASES.get)": lambda code, err: str(code).startswith(
-        "crash TypeError: unhashable type"),
-    "datasets logs an extra 'Failed to load JSON' line before the error": lambda code, err: code == 2 and (
-        "Failed to load JSON from file" in err and err.strip().splitlines()[-1].startswith("error: ")),
-}
-
-
 def check(outcomes, code, lines, err, label):
-    for name, matches in KNOWN.items():
-        if matches(code, err):
-            outcomes["known bugs"][name] = outcomes["known bugs"].get(name, 0) + 1
-            return
     if code == 0:
         outcomes["valid (exit 0)"] += 1
     elif code == 2 and len(lines) == 1 and "Traceback" not in err and lines[0].startswith("error: "):
@@ -104,7 +90,7 @@ def test_malformed_recipes(tmp_path, tiny_model_dir, capsys):
     base = tomllib.loads(text)
     code, lines, err = run(capsys, good)
     assert code == 0, err
-    outcomes = {"valid (exit 0)": 0, "rejected (exit 2, one line)": 0, "known bugs": {}, "violations": []}
+    outcomes = {"valid (exit 0)": 0, "rejected (exit 2, one line)": 0, "violations": []}
     kinds = {}
     for number in range(300):
         kind, mutated = mutate_recipe(rng, base, text)
@@ -125,10 +111,8 @@ BAD_PROMPTS = [None, 3, 2.5, True, "", "   ", [], [{}], [None], ["text"], [{"rol
                [{"role": "user"}], [{"role": "user", "content": 5}], [{"content": "x"}],
                [{"role": "assistant", "content": "x"}], [{"role": "user", "content": "x"}, {"role": "system", "content": "y"}],
                {"role": "user", "content": "x"}, [[{"role": "user", "content": "x"}]], [{"role": "user", "content": None}]]
-# "null" as the FIRST line of a .jsonl segfaults pyarrow.json.read_json (under datasets) and kills the process: an
-# open finding (RELIABILITY.md) that needs a pre-check in specs/dataset.py; left out here, as a crash cannot be
-# counted in-process.
-BAD_LINES = ["not json", "[1, 2]", "42", '"a string"', '{"prompt": "unterminated', "{}", '{"promt": "typo"}',
+# "null" as the first line once segfaulted pyarrow under datasets; JSON files are now checked before pyarrow.
+BAD_LINES = ["null", "not json", "[1, 2]", "42", '"a string"', '{"prompt": "unterminated', "{}", '{"promt": "typo"}',
              '{"prompt": "a", "prompt": 3}', "{'prompt': 'single quotes'}"]
 
 
@@ -149,7 +133,7 @@ def bad_row_file(rng):
 
 def test_malformed_dataset_rows(tmp_path, tiny_model_dir, capsys):
     rng = random.Random(8)
-    outcomes = {"valid (exit 0)": 0, "rejected (exit 2, one line)": 0, "known bugs": {}, "violations": []}
+    outcomes = {"valid (exit 0)": 0, "rejected (exit 2, one line)": 0, "violations": []}
     for number in range(300):
         folder = tmp_path / f"d{number}"
         recipe = make_recipe(folder, tiny_model_dir, "r")
@@ -162,18 +146,16 @@ def test_malformed_dataset_rows(tmp_path, tiny_model_dir, capsys):
     assert outcomes["rejected (exit 2, one line)"] >= 200
 
 
-@pytest.mark.xfail(strict=True, reason="open: recipes/base.py crashes on a non-string recipe_class")
-def test_known_bug_recipe_class_list(tmp_path, tiny_model_dir, capsys):
+def test_non_string_recipe_class_is_one_line(tmp_path, tiny_model_dir, capsys):
     good = make_recipe(tmp_path, tiny_model_dir, "good")
     good.write_text(good.read_text().replace('recipe_class = "rloo"', "recipe_class = []"))
     code, lines, err = run(capsys, good)
-    assert code == 2 and len(lines) == 1
+    assert code == 2 and len(lines) == 1 and "recipe_class: expected a string" in lines[0], err
 
 
-# Not strict: whether the datasets logger reaches stderr depends on logging handlers other tests installed.
-@pytest.mark.xfail(strict=False, reason="open: datasets' JSON loader logs an ERROR line before our one-line error")
-def test_known_bug_datasets_log_line(tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize("first_line", ["null", '"a string"', "[1, 2]"])
+def test_json_rows_that_are_not_objects_are_one_line(first_line, tmp_path, tiny_model_dir, capsys):
     good = make_recipe(tmp_path, tiny_model_dir, "good")
-    (tmp_path / "prompts.jsonl").write_text('{"prompt": "a"}\n"a string"\n')
+    (tmp_path / "prompts.jsonl").write_text(f'{first_line}\n{{"prompt": "a"}}\n')
     code, lines, err = run(capsys, good)
-    assert code == 2 and len(lines) == 1, err
+    assert code == 2 and len(lines) == 1 and "line 1: expected a JSON object" in lines[0], err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import logging
 import os
 import socket
 import string
@@ -175,11 +176,23 @@ def _load_files(paths: list[str], key: str):
         kinds = ", ".join(sorted(set(builders.values())))
         raise UserError(f"{key}: files of different types cannot be mixed ({kinds})")
     builder = builders[paths[0]]
+    if builder == "json":
+        # Checked before pyarrow sees the file: some malformed rows (a bare `null` line) crash it outright,
+        # others make `datasets` log an error line of its own before raising.
+        for path in paths:
+            reason = _json_problem(path)
+            if reason:
+                raise UserError(f"{key}: could not read {path}: {reason}")
+    library_logger = logging.getLogger("datasets")
+    level = library_logger.level
+    library_logger.setLevel(logging.CRITICAL)  # its loaders log a parse error before raising: ours is the one line
     try:
         return datasets.load_dataset(builder, data_files=paths, split="train")
     except Exception as exc:  # noqa: BLE001 - a file that will not parse is the user's data
         path, reason = _find_bad_file(paths, builder, exc)
         raise UserError(f"{key}: could not read {path}: {reason}") from None
+    finally:
+        library_logger.setLevel(level)
 
 
 def _find_bad_file(paths: list[str], builder: str, exc: Exception) -> tuple[str, str]:
@@ -213,17 +226,36 @@ def _json_problem(path: str) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         return _short(exc)
     try:
-        json.loads(text)
-        return None  # a whole-file JSON document
+        document = json.loads(text)
     except json.JSONDecodeError:
-        pass
+        document = None
+    else:  # a whole-file JSON document: a list of row objects, or a table (object of columns)
+        if isinstance(document, dict) or (isinstance(document, list) and all(isinstance(r, dict) for r in document)):
+            return None
+        if not isinstance(document, list) and len([line for line in text.splitlines() if line.strip()]) <= 1:
+            return f"expected rows as JSON objects, got {type(document).__name__}"
+        if isinstance(document, list):
+            bad = next(i for i, row in enumerate(document) if not isinstance(row, dict))
+            return f"row {bad}: expected a JSON object, got {type(document[bad]).__name__}"
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                json.loads(line)
+                row = json.loads(line, object_pairs_hook=_no_duplicate_keys)
             except json.JSONDecodeError as exc:
                 return f"invalid JSON at line {number}: {exc.msg}"
+            except ValueError as exc:
+                return f"line {number}: {exc}"
+            if not isinstance(row, dict):
+                return f"line {number}: expected a JSON object, got {type(row).__name__}"
     return None
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    duplicates = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicates:
+        raise ValueError(f"key {duplicates[0]!r} appears twice in one row")
+    return dict(pairs)
 
 
 def _short(exc: BaseException) -> str:
