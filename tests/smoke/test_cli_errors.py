@@ -141,9 +141,11 @@ def test_json_recipe_and_dry_run_prints_plan_and_three_prompts(recipe_dir, tiny_
 
 
 def test_console_script_help_and_error_in_subprocess(recipe_dir, tiny_model_dir):
-    for argv in (["-m", "training_wizard", "--help"],):
-        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+    console_script = Path(sys.executable).with_name("training-wizard")  # installed by `pip install -e .`
+    for command in ([sys.executable, "-m", "training_wizard", "--help"], [str(console_script), "--help"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "usage: training-wizard" in done.stdout and "--dry-run" in done.stdout
+        assert "Exit codes:" in done.stdout
     path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir).replace("seed = 3", "seed = 3\nsede = 1"))
     done = subprocess.run([sys.executable, "-m", "training_wizard", str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
