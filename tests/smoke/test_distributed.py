@@ -38,6 +38,7 @@ learning_rate = 2e-4
 kl_coef = 0.1
 normalize_advantage = true
 num_sample_generations = 3
+token_level_kl = {token_level}
 """
 
 REWARDS = '''
@@ -59,14 +60,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300):
+def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false"):
     data = tmp_path / "prompts.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(12)))
         (tmp_path / "dp_rewards.py").write_text(REWARDS)
     accumulation = 2 // processes  # same global batch: 2 x 4 x 1 == 1 x 4 x 2
     recipe = tmp_path / f"{name}.toml"
-    recipe.write_text(RECIPE.format(out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation))
+    recipe.write_text(RECIPE.format(
+        out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation, token_level=token_level
+    ))
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
     if processes == 1:
         command = [sys.executable, "-m", "training_wizard", str(recipe)]
@@ -83,10 +86,12 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_two_processes_match_one_process(tmp_path, tiny_model_dir):
-    single = launch(tmp_path, tiny_model_dir, "single", 1)
+@pytest.mark.parametrize("token_level", ["false", "true"], ids=["sequence_kl", "token_level_kl"])
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir, token_level):
+    # token_level_kl gathers (B, T) tensors and token-count-dependent statistics across processes
+    single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level)
     assert single.returncode == 0, single.stderr[-3000:]
-    double = launch(tmp_path, tiny_model_dir, "double", 2)
+    double = launch(tmp_path, tiny_model_dir, "double", 2, token_level=token_level)
     assert double.returncode == 0, double.stderr[-3000:]
 
     a = load_file(str(tmp_path / "single" / "model" / "model.safetensors"))

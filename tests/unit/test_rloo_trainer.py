@@ -69,6 +69,7 @@ def test_first_iteration_ratio_is_one_clipfrac_zero_kl_zero(tokenizer, tmp_path)
     assert first["val/ratio_var"] < 1e-10
     assert first["policy/clipfrac_avg"] == 0.0
     assert first["objective/kl"] == 0.0 and first["objective/non_score_reward"] == 0.0
+    assert first["lr"] == 1e-3  # the rate the first update used, not the next one (linear decay, no warmup)
     assert set(SEED_METRICS) <= set(first)
 
 

@@ -10,6 +10,7 @@ token i with probability p_i using one vector of noise per row.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -43,11 +44,13 @@ def generate(
     prompt_mask: torch.Tensor,
     params: GenerationParams,
     row_seeds: list[int],
+    all_finished: Callable[[bool], bool] | None = None,
 ) -> torch.Tensor:
     """Sample up to `max_new_tokens` per row; rows that emitted the stop token continue with pad.
 
     prompt_ids, prompt_mask: (B, P), left-padded. Returns responses (B, T) with T <= max_new_tokens (the loop ends
-    early once every row has stopped).
+    early once every row has stopped). With sharded weights every forward pass is a collective, so processes must
+    run the same number of steps: `all_finished(local_done)` then says whether every process is done.
     """
     generators = [torch.Generator().manual_seed(int(seed)) for seed in row_seeds]
     batch = prompt_ids.shape[0]
@@ -66,7 +69,10 @@ def generate(
         tokens.append(token)
         if params.stop_token_id is not None:
             finished |= token == params.stop_token_id
-        if bool(finished.all()) or step == params.max_new_tokens - 1:
+        done = bool(finished.all())
+        if all_finished is not None:
+            done = all_finished(done)
+        if done or step == params.max_new_tokens - 1:
             break
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
         out = model(

@@ -18,6 +18,7 @@ the rollout and every mini-batch; a checkpoint restores the run exactly (weights
 from __future__ import annotations
 
 import contextlib
+import math
 import copy
 import time
 from collections import defaultdict
@@ -27,6 +28,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
+from training_wizard.core.kl import kl_per_token
 from training_wizard.core.logprobs import entropy_from_logits, selective_logprobs
 from training_wizard.core.masking import masked_mean, truncate_after_stop
 from training_wizard import guards
@@ -202,21 +204,23 @@ class OnPolicyTrainer:
         device = self.accelerator.device
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         params = GenerationParams(config.response_length, config.temperature, self.stop_token_id, pad)
-        model = self.unwrapped_policy
+        model, weights_context, sharded = self._rollout_model()
         model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
+        all_finished = self._all_processes_done if sharded else None
         step = config.local_rollout_forward_batch_size
-        with self._full_weights_context():
+        with weights_context:
             chunks = [
                 generate(model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
-                         seeds[start : start + step])
+                         seeds[start : start + step], all_finished)
                 for start in range(0, len(rows), step)
             ]
-            width = max(chunk.shape[1] for chunk in chunks)
+            # One width on every process: token-level statistics gather (B, T) tensors across processes.
+            width = self._max_over_processes(max(chunk.shape[1] for chunk in chunks))
             raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
             responses, mask, has_stop = truncate_after_stop(raw, self.stop_token_id, pad)
             generated = time.perf_counter()
             logprobs = self._logprobs(model, prompt_ids, prompt_mask, responses)
-            ref_logprobs = self._reference_logprobs(prompt_ids, prompt_mask, responses)
+            ref_logprobs = self._reference_logprobs(model, prompt_ids, prompt_mask, responses)
         if self.stop_token_id is None and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
         completions = self.tokenizer.batch_decode(
@@ -229,20 +233,32 @@ class OnPolicyTrainer:
             timings={"generation": generated - started, "logprobs": time.perf_counter() - generated},
         )
 
-    def _full_weights_context(self):
-        """Sharded weights are gathered for the no-grad rollout passes: DeepSpeed ZeRO-3 (when
-        `ds3_gather_for_generation`) and FSDP. A no-op for plain data parallel."""
+    def _rollout_model(self) -> tuple[torch.nn.Module, Any, bool]:
+        """(model for the no-grad rollout passes, context to run them in, whether its weights are sharded).
+
+        Plain data parallel: the unwrapped model. DeepSpeed ZeRO-3 with `ds3_gather_for_generation`: the unwrapped
+        model inside `GatheredParameters`. ZeRO-3 without it, and FSDP: the sharded model itself, whose forward
+        passes gather weights layer by layer (collectives, so every process must run the same passes).
+        """
         state = self.accelerator.state
         plugin = getattr(state, "deepspeed_plugin", None)
-        if plugin is not None and plugin.zero_stage == 3 and self.config.ds3_gather_for_generation:
-            import deepspeed
+        if plugin is not None and plugin.zero_stage == 3:
+            if self.config.ds3_gather_for_generation:
+                import deepspeed
 
-            return deepspeed.zero.GatheredParameters(list(self.policy.parameters()))
+                return self.unwrapped_policy, deepspeed.zero.GatheredParameters(list(self.policy.parameters())), False
+            return self.unwrapped_policy, contextlib.nullcontext(), True
         if getattr(state, "fsdp_plugin", None) is not None:
-            from torch.distributed.fsdp import FullyShardedDataParallel
+            return self.policy, contextlib.nullcontext(), True
+        return self.unwrapped_policy, contextlib.nullcontext(), False
 
-            return FullyShardedDataParallel.summon_full_params(self.policy, writeback=False, recurse=True)
-        return contextlib.nullcontext()
+    def _all_processes_done(self, done: bool) -> bool:
+        return not self._agree(not done)[0]
+
+    def _max_over_processes(self, value: int) -> int:
+        if self.accelerator.num_processes == 1:
+            return value
+        return int(self.accelerator.reduce(torch.tensor(value, device=self.accelerator.device), "max"))
 
     def _logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
         return batched_logprobs(
@@ -250,11 +266,11 @@ class OnPolicyTrainer:
             self.config.local_rollout_forward_batch_size,
         )
 
-    def _reference_logprobs(self, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+    def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
         if self.ref_policy is not None:
             return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses)
         with self.unwrapped_policy.disable_adapter():  # LoRA: the base model is the reference
-            return self._logprobs(self.unwrapped_policy, prompt_ids, prompt_mask, responses)
+            return self._logprobs(model, prompt_ids, prompt_mask, responses)
 
     def _score(self, rollout: Rollout, prompts: EncodedPrompts, rows: list[int]) -> None:
         started = time.perf_counter()
@@ -330,11 +346,16 @@ class OnPolicyTrainer:
                         if self.accelerator.sync_gradients:
                             self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
                 fault_point("update", self.state.iteration)
-        ratios = torch.cat(stats.pop("ratio"))
-        summary = {key: torch.stack(values).mean() for key, values in stats.items()}
-        ratios = self.accelerator.gather(ratios.to(self.accelerator.device))
-        summary["val/ratio"], summary["val/ratio_var"] = ratios.mean(), ratios.var(unbiased=False)
-        return {key: float(self.accelerator.reduce(v.to(self.accelerator.device), "mean")) for key, v in summary.items()}
+        summary = {key: float(self.accelerator.reduce(torch.stack(values).mean().to(device), "mean"))
+                   for key, values in stats.items() if key != "ratio"}
+        # Ratio mean and variance over every ratio of every process, from sums: processes may hold different
+        # numbers of them (token-level ratios count real tokens).
+        ratios = torch.cat(stats["ratio"]).double().to(device)
+        sums = self.accelerator.reduce(torch.stack([ratios.sum(), (ratios**2).sum(), ratios.new_tensor(ratios.numel())]), "sum")
+        count = sums[2].clamp(min=1)
+        mean = sums[0] / count
+        summary["val/ratio"], summary["val/ratio_var"] = float(mean), float((sums[1] / count - mean**2).clamp(min=0))
+        return summary
 
     def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
         """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
@@ -405,11 +426,12 @@ class OnPolicyTrainer:
         update_started = time.perf_counter()
         update_stats = {} if skip_update else self._update(rollout, shaped["advantages"])
         rollout.timings["update"] = time.perf_counter() - update_started
+        lr = self.lr_scheduler.get_last_lr()[0]  # the rate this iteration's update used
         self.lr_scheduler.step()
         self.state.iteration += 1
         self.state.episode += plan.batch_size
         eps = (self.state.episode - clock[1]) / max(time.perf_counter() - clock[0], 1e-9)
-        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps)
+        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr)
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
         if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
@@ -457,7 +479,7 @@ class OnPolicyTrainer:
         # Ranks that saw no signal themselves stop with the signal the others got (SIGTERM if unknown).
         raise TrainingInterrupted(stop.signum or 15, str(folder), step)
 
-    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats: dict[str, float], eps: float) -> dict:
+    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats: dict[str, float], eps: float, lr: float) -> dict:
         reduce = self.accelerator.reduce
         device = self.accelerator.device
 
@@ -477,7 +499,7 @@ class OnPolicyTrainer:
             "val/clipfrac_avg": 0.0,  # no value model in RLOO; kept so both trainers log the seed's names
             "val/num_eos_tokens": float(reduce(rollout.has_stop.sum().float().to(device), "sum")),
             "completions/mean_length": mean(rollout.response_mask.sum(-1)),
-            "lr": self.lr_scheduler.get_last_lr()[0],
+            "lr": lr,
             "episode": self.state.episode,
             "time/generation": timings["generation"] + timings["logprobs"],
             "time/scoring": timings["scoring"],
@@ -501,21 +523,28 @@ class OnPolicyTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean score, KL to the reference and completion length on eval_dataset (one sample per prompt)."""
-        prompts = self.eval_prompts
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        rows = list(range(rank, len(prompts), world))
-        if not rows:
-            rows = [0]
+        """Mean score, KL to the reference and completion length on eval_dataset (one sample per prompt).
+
+        Every process runs the same number of rows (sharded weights make each forward pass a collective); the
+        padding rows repeat prompt 0 and are left out of the means, which are weighted by real rows.
+        """
+        prompts, world = self.eval_prompts, self.accelerator.num_processes
+        rows = list(range(self.accelerator.process_index, len(prompts), world))
+        real = len(rows)
+        rows += [0] * (math.ceil(len(prompts) / world) - real)
         seeds = [row_seed(self.config.seed + 7_919, self.state.iteration, i) for i in rows]
         rollout = self._generate(prompts, rows, seeds)
         self._score(rollout, prompts, rows)
-        kl = ((rollout.logprobs - rollout.ref_logprobs) * rollout.response_mask).sum(-1)
-        reduce, device = self.accelerator.reduce, self.accelerator.device
+        mask = rollout.response_mask
+        kl = (kl_per_token(rollout.logprobs, rollout.ref_logprobs, self.config.kl_estimator) * mask).sum(-1)
+        counted = (torch.arange(len(rows), device=mask.device) < real).float()
+        totals = torch.stack([(v.float() * counted).sum() for v in (rollout.scores, kl, mask.sum(-1))] + [counted.sum()])
+        totals = self.accelerator.reduce(totals.to(self.accelerator.device), "sum")
+        count = float(totals[3].clamp(min=1))
         return {
-            "eval/scores": float(reduce(rollout.scores.mean().to(device), "mean")),
-            "eval/kl": float(reduce(kl.mean().to(device), "mean")),
-            "eval/response_length": float(reduce(rollout.response_mask.sum(-1).float().mean().to(device), "mean")),
+            "eval/scores": float(totals[0]) / count,
+            "eval/kl": float(totals[1]) / count,
+            "eval/response_length": float(totals[2]) / count,
             "episode": self.state.episode,
         }
 
