@@ -60,7 +60,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false"):
+def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false", overrides=(),
+           env_extra=None):
     data = tmp_path / "prompts.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(12)))
@@ -70,14 +71,15 @@ def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300,
     recipe.write_text(RECIPE.format(
         out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation, token_level=token_level
     ))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path),
+           **(env_extra or {})}
     if processes == 1:
-        command = [sys.executable, "-m", "training_wizard", str(recipe)]
+        command = [sys.executable, "-m", "training_wizard", str(recipe), *overrides]
     else:
         command = [
             sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(free_port()), "-m", "training_wizard", str(recipe),
+            "--main_process_port", str(free_port()), "-m", "training_wizard", str(recipe), *overrides,
         ]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 
@@ -124,3 +126,22 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
     assert done.stderr.count("exitcode  : 2") + done.stderr.count("exitcode  : -15") == 2
     assert "training_wizard/" not in done.stderr.split("ChildFailedError")[0]
     assert not (tmp_path / "broken" / "model").exists()
+
+
+def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir):
+    """SIGTERM one rank of a 2-process run after its second iteration: both ranks stop at the same point with a
+    checkpoint; the resumed run ends with the same weights as a run that never stopped. The main process picks
+    the checkpoint and every process loads it."""
+    full = launch(tmp_path, tiny_model_dir, "full", 2)
+    assert full.returncode == 0, full.stderr[-3000:]
+    stop_rank_1 = {"TRAINING_WIZARD_FAULT_INJECT": "iteration@2#1=term"}
+    first = launch(tmp_path, tiny_model_dir, "parts", 2, env_extra=stop_rank_1)
+    assert first.returncode != 0 and first.stderr.count("exitcode  : 143") >= 1, first.stderr[-3000:]
+    rest = launch(tmp_path, tiny_model_dir, "parts", 2, overrides=["resume_from_checkpoint=latest"])
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "resumed from" in rest.stdout and "iteration 2" in rest.stdout
+    a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "parts" / "model" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    episodes = [r["episode"] for r in read_jsonl(tmp_path / "parts" / "metrics.jsonl")]
+    assert episodes == [8, 16, 24]

@@ -119,11 +119,17 @@ class RLOORecipe(Recipe):
         if not self.resume_from_checkpoint:
             return
         from training_wizard.checkpoint import (
-            config_hash, find_checkpoint, load_checkpoint, remove_stale_staging, truncate_run_logs,
+            config_hash, load_checkpoint, remove_stale_staging, truncate_run_logs,
         )
 
-        folder = find_checkpoint(self.output_dir, self.resume_from_checkpoint)
-        main_process = trainer.accelerator.is_main_process
+        accelerator = trainer.accelerator
+        if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
+            raise UserError(
+                "resume_from_checkpoint: resuming is not supported yet under DeepSpeed or FSDP (checkpoints hold "
+                "the gathered weights but only the main process's optimizer shard); use plain data parallel"
+            )
+        folder = _resolve_on_main(accelerator, self.output_dir, self.resume_from_checkpoint)
+        main_process = accelerator.is_main_process
         if folder is None:
             console.print("resume_from_checkpoint = latest: no checkpoint yet, starting fresh")
             if main_process:
@@ -141,6 +147,32 @@ class RLOORecipe(Recipe):
         if manifest.get("world_size") not in (None, trainer.accelerator.num_processes):
             console.print(f"note: the checkpoint was written by {manifest['world_size']} process(es), "
                           f"this run has {trainer.accelerator.num_processes}")
+
+
+def _resolve_on_main(accelerator, output_dir: str, which: str):
+    """The main process picks the checkpoint (verifying hashes once) and tells the others, so every process
+    resumes from the same one; they then read it from the same (shared) output_dir."""
+    from training_wizard.checkpoint import find_checkpoint
+
+    if accelerator.num_processes == 1:
+        return find_checkpoint(output_dir, which)
+    from accelerate.utils import broadcast_object_list
+
+    choice: list[tuple[str | None, str | None]] = [(None, None)]  # (folder, error message)
+    if accelerator.is_main_process:
+        try:
+            found = find_checkpoint(output_dir, which)
+            choice = [(str(found) if found is not None else None, None)]
+        except UserError as exc:
+            choice = [(None, str(exc))]
+    broadcast_object_list(choice, from_process=0)
+    found, error = choice[0]
+    if error is not None:
+        raise UserError(error)
+    folder = Path(found) if found is not None else None
+    if folder is not None and not (folder / "manifest.json").is_file():
+        raise UserError(f"resume_from_checkpoint: {folder} is not visible from every process (output_dir must be shared)")
+    return folder
 
 
 def batch_table(plan: BatchPlan) -> Table:
