@@ -84,6 +84,14 @@ def library_versions() -> dict[str, str]:
     return found
 
 
+def gathered_state_dict(accelerator, model) -> dict | None:
+    """The full weights when they are sharded (DeepSpeed, FSDP; a collective: call on every process), else None
+    (save_pretrained then reads the unwrapped model directly)."""
+    if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
+        return accelerator.get_state_dict(model)
+    return None
+
+
 def save_checkpoint(trainer, state: dict[str, Any] | None = None) -> Path:
     """Commit a checkpoint of `trainer` (main process writes; every process takes part and gets any error).
 
@@ -100,8 +108,7 @@ def save_checkpoint(trainer, state: dict[str, Any] | None = None) -> Path:
             f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the previous "
             "checkpoint is kept. Lower training.learning_rate or set training.skip_nonfinite_batches = true"
         )
-    sharded = accelerator.distributed_type.name in ("DEEPSPEED", "FSDP")
-    state_dict = accelerator.get_state_dict(trainer.policy) if sharded else None  # a collective when sharded
+    state_dict = gathered_state_dict(accelerator, trainer.policy)
     accelerator.wait_for_everyone()
     error = None
     if accelerator.is_main_process:

@@ -188,9 +188,9 @@ def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
     """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
-    # Under ZeRO-3 / FSDP each process holds a shard: get_state_dict gathers the full weights (collective).
-    sharded = accelerator.distributed_type.name in ("DEEPSPEED", "FSDP")
-    state_dict = accelerator.get_state_dict(trainer.policy) if sharded else None
+    from training_wizard.checkpoint import gathered_state_dict
+
+    state_dict = gathered_state_dict(accelerator, trainer.policy)
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.policy)
         if merge_lora and hasattr(model, "merge_and_unload"):

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec
@@ -83,7 +83,9 @@ class OnPolicyConfig(Spec):
     stop_token: Literal["eos"] | None = Field(
         "eos", description='"eos": truncate each completion after its first EOS token and mask what follows.'
     )
-    stop_token_id: int | None = Field(None, ge=0, description="Truncate after this token id instead of EOS.")
+    stop_token_id: int | None = Field(
+        None, ge=0, description="Truncate after this token id instead (takes precedence over stop_token)."
+    )
     missing_eos_penalty: float | None = Field(
         None, description="Subtracted from the score of completions that end without the stop token (EOS trick)."
     )
@@ -120,12 +122,6 @@ class OnPolicyConfig(Spec):
     ds3_gather_for_generation: bool = Field(
         True, description="Under DeepSpeed ZeRO-3, gather full weights for generation (faster, more memory)."
     )
-
-    @model_validator(mode="after")
-    def _check_combinations(self):
-        if self.stop_token_id is not None and self.stop_token is not None and self.stop_token != "eos":
-            raise ValueError("set either stop_token or stop_token_id")
-        return self
 
     def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
         """Derive every batch size once, checking divisibility with an error that names both numbers."""
