@@ -152,3 +152,25 @@ def test_token_level_kl_first_ratio_is_one(tokenizer, tmp_path):
     trainer.state.prompt_order.epoch = 0
     trainer.train()
     assert abs(read_metrics(tmp_path)[0]["val/ratio"] - 1.0) < 1e-6
+
+
+def test_gradient_checkpointing_gives_the_same_update(tokenizer, tmp_path):
+    finals = []
+    for checkpointing in (False, True):
+        trainer = make_trainer(tokenizer, tmp_path / str(checkpointing), gradient_checkpointing=checkpointing,
+                               reward=lambda p, c, **k: [float(len(set(x))) for x in c], num_ppo_epochs=2)
+        trainer.train()
+        finals.append({k: v.clone() for k, v in trainer.unwrapped_policy.state_dict().items()})
+    start = build_causal_lm(tokenizer).state_dict()
+    assert max((finals[0][k] - start[k]).abs().max().item() for k in start) > 1e-4  # the update did something
+    assert max((finals[0][k] - finals[1][k]).abs().max().item() for k in start) < 1e-6
+
+
+def test_bfloat16_policy_trains_with_float32_logprobs(tokenizer, tmp_path):
+    policy = build_causal_lm(tokenizer).to(torch.bfloat16)
+    trainer = make_trainer(tokenizer, tmp_path, policy=policy, reward=lambda p, c, **k: [float(len(x)) for x in c])
+    rollout = trainer.collect_rollout()
+    assert rollout.logprobs.dtype == torch.float32 and rollout.ref_logprobs.dtype == torch.float32
+    trainer.train()
+    assert all(math.isfinite(v) for v in read_metrics(tmp_path)[-1].values() if isinstance(v, float))
+    assert next(trainer.unwrapped_policy.parameters()).dtype == torch.bfloat16
