@@ -14,10 +14,10 @@ import importlib
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any, ClassVar
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from training_wizard.errors import UserError

@@ -119,7 +119,10 @@ class RLOORecipe(Recipe):
         if not self.resume_from_checkpoint:
             return
         from training_wizard.checkpoint import (
-            config_hash, load_checkpoint, remove_stale_staging, truncate_run_logs,
+            config_hash,
+            load_checkpoint,
+            remove_stale_staging,
+            truncate_run_logs,
         )
 
         accelerator = trainer.accelerator

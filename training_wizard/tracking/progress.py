@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 _SHOWN = ("objective/scores", "objective/rlhf_reward", "objective/kl", "val/ratio")
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from training_wizard.core.advantages import normalize_and_clip, reward_to_go, rloo_advantages, whiten
+from training_wizard.core.advantages import (
+    normalize_and_clip,
+    reward_to_go,
+    rloo_advantages,
+    whiten,
+)
 from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
-from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
+from training_wizard.core.losses import (
+    clipped_surrogate_sequence,
+    clipped_surrogate_token,
+)
 from training_wizard.core.masking import masked_sum
 from training_wizard.rollout.record import Rollout
 from training_wizard.trainers.base import OnPolicyTrainer
