@@ -11,7 +11,7 @@ import pytest
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, load_spec
-from training_wizard.specs import dataset as ds_mod
+from training_wizard.specs import data_files as files_mod
 from training_wizard.specs.dataset import (
     DataSourceSpec,
     MultiDataSourceSpec,
@@ -192,7 +192,7 @@ def test_hub_name_offline_env_gives_one_line_error(monkeypatch):
 
     before = datasets.config.HF_HUB_OFFLINE
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(ds_mod, "hub_reachable", lambda timeout=3.0: pytest.fail("no probe when offline is set"))
+    monkeypatch.setattr(files_mod, "hub_reachable", lambda timeout=3.0: pytest.fail("no probe when offline is set"))
     start = time.monotonic()
     with pytest.raises(UserError) as err:
         source(name="someone/not-cached-dataset", split="train").load()
@@ -207,7 +207,7 @@ def test_hub_name_offline_env_gives_one_line_error(monkeypatch):
 def test_hub_name_unreachable_hub_is_treated_as_offline(monkeypatch):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(ds_mod, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(files_mod, "hub_reachable", lambda timeout=3.0: False)
     import datasets.config
 
     before = datasets.config.HF_HUB_OFFLINE
