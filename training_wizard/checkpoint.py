@@ -297,12 +297,14 @@ def load_checkpoint(trainer, folder: Path) -> dict[str, Any]:
         weights: dict[str, torch.Tensor] = {}
         for shard in sorted((folder / "model").glob("*.safetensors")):  # one file, or shards of a large model
             weights.update(load_file(str(shard)))
-        _, unexpected = model.load_state_dict(weights, strict=False)  # tied weights may be absent from the file
-        if unexpected or not weights:
-            raise UserError(
-                f"resume_from_checkpoint: {folder}/model does not match the policy "
-                f"({'unexpected weight ' + unexpected[0] if unexpected else 'no weights found'})"
-            )
+        missing, unexpected = model.load_state_dict(weights, strict=False)  # tied weights are saved once
+        current = model.state_dict()
+        loaded = {current[name].data_ptr() for name in weights if name in current}
+        untied = [name for name in missing if current[name].data_ptr() not in loaded]  # truly absent, not tied
+        if unexpected or untied or not weights:
+            problem = (f"unexpected weight {unexpected[0]}" if unexpected
+                       else f"missing weight {untied[0]}" if untied else "no weights found")
+            raise UserError(f"resume_from_checkpoint: {folder}/model does not match the policy ({problem})")
     trainer.optimizer.load_state_dict(optimizer_state)
     trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])

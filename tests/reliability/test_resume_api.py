@@ -163,3 +163,19 @@ def test_nonfinite_weights_are_never_committed_and_rollout_guard(tokenizer, tmp_
         strict.unwrapped_policy.lm_head.weight[3, 5] = float("nan")
     with pytest.raises(UserError, match=r"^training: non-finite rollout logprobs at step 0 \(rollout\)"):
         strict.train()
+
+
+def test_checkpoint_missing_a_weight_is_refused(tokenizer, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    trainer = make(tokenizer, tmp_path / "a", total_episodes=8)
+    trainer.train()
+    folder = find_checkpoint(tmp_path / "a", "latest")
+    weights_file = folder / "model" / "model.safetensors"
+    weights = load_file(str(weights_file))
+    dropped = next(name for name in weights if "mlp" in name)
+    del weights[dropped]
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+    fresh = make(tokenizer, tmp_path / "b", total_episodes=8)
+    with pytest.raises(UserError, match=f"missing weight {dropped}"):
+        load_checkpoint(fresh, folder)
