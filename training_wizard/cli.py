@@ -66,6 +66,10 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     import logging
+    import warnings
+
+    # peft asks transformers 5 for a renamed attribute on every LoRA model: harmless, and not the user's to fix.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
