@@ -234,10 +234,8 @@ class OnPolicyTrainer(RolloutSteps):
         # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
         checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
         grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
-        bad = torch.cat([flags, grad_bad.to(flags.device)])
-        if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad.int(), "sum") > 0  # every rank steps or skips together
-        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad.tolist())
+        bad = self._agree(*torch.cat([flags, grad_bad.to(flags.device)]).tolist())  # every rank steps or skips
+        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad)
         if name is None:
             self.optimizer.step()
         elif config.skip_nonfinite_batches:
@@ -247,7 +245,7 @@ class OnPolicyTrainer(RolloutSteps):
             raise guards.nonfinite_error(name, self.state.iteration, where)
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _micro_step(self, rollout, advantages, index, stats, flags: torch.Tensor | None = None) -> None:
+    def _micro_step(self, rollout, advantages, index, stats, flags: torch.Tensor) -> None:
         rows = rollout.rows(index)
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
@@ -255,9 +253,9 @@ class OnPolicyTrainer(RolloutSteps):
         self.accelerator.backward(out.loss)
         with torch.no_grad():
             entropy = masked_mean(entropy_from_logits(logits.detach(), self.config.temperature), rows["response_mask"])
-            if flags is not None:  # numerical guard: one isfinite reduction per tensor, no host sync here
-                flags[0] |= ~torch.isfinite(logits.detach()).all()
-                flags[1] |= ~torch.isfinite(out.loss.detach()).all()
+            # numerical guard: one isfinite reduction per tensor, no host sync here
+            flags[0] |= ~guards.all_finite(logits.detach())
+            flags[1] |= ~guards.all_finite(out.loss.detach())
         stats["loss/policy_avg"].append(out.loss.detach())
         stats["policy/approxkl_avg"].append(out.approxkl)
         stats["policy/clipfrac_avg"].append(out.clipfrac)
