@@ -20,7 +20,7 @@ import os
 import platform
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -84,55 +84,90 @@ def library_versions() -> dict[str, str]:
     return found
 
 
-def gathered_state_dict(accelerator, model) -> dict | None:
-    """The full weights when they are sharded (DeepSpeed, FSDP; a collective: call on every process), else None
-    (save_pretrained then reads the unwrapped model directly)."""
-    if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
-        return accelerator.get_state_dict(model)
-    return None
+class Checkpointable(Protocol):
+    """What checkpoint.py needs from a trainer (OnPolicyTrainer provides it):
+
+    accelerator, collectives (every process takes part in a save), config (output_dir, save_total_limit, and the
+    rest for the config hash), optimizer, lr_scheduler, state (RunState: state_dict / load_state_dict),
+    checkpoint_models() ({folder name: model}; the policy is "model"), last_saved_step (set here).
+    """
+
+    accelerator: Any
+    collectives: Any
+    config: Any
+    optimizer: Any
+    lr_scheduler: Any
+    state: Any
+    last_saved_step: int | None
+
+    def checkpoint_models(self) -> dict[str, torch.nn.Module]: ...
 
 
-def save_checkpoint(trainer, state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None) -> Path:
     """Commit a checkpoint of `trainer` (main process writes; every process takes part and gets any error).
 
     `state`: the RunState to save (default: the current one); the loop passes the iteration's starting state when
     it stops before an update, which is exact because weights, optimizer and scheduler are unchanged there.
+    Disk full or an unwritable folder ends in a one-line UserError on every process; anything else is a bug and
+    keeps its traceback on the main process (the others stop with a line pointing at it).
     """
-    accelerator = trainer.accelerator
+    collectives = trainer.collectives
     root = checkpoints_dir(trainer.config.output_dir)
     run_state = state if state is not None else trainer.state.state_dict()
     step = int(run_state["iteration"])
-    bad = first_nonfinite_parameter(trainer.unwrapped_policy)
-    if bad is not None:  # same weights on every rank, so every rank raises here
-        raise UserError(
-            f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the previous "
-            "checkpoint is kept. Lower training.learning_rate or set training.skip_nonfinite_batches = true"
-        )
-    state_dict = gathered_state_dict(accelerator, trainer.policy)
-    accelerator.wait_for_everyone()
-    error = None
-    if accelerator.is_main_process:
-        try:
-            _write_and_commit(trainer, root, step, run_state, state_dict)
-        except Exception as exc:  # noqa: BLE001 - disk full, permissions, a serializer's I/O error
-            # Reported on every rank (instead of leaving the others waiting); the staging folder is dropped.
-            shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
-            latest = _read_latest(root)
-            kept = f"checkpoints/{latest} is kept" if latest else "no earlier checkpoint exists"
-            if isinstance(exc, OSError) and exc.strerror:
-                reason = exc.strerror + (f" while writing {Path(exc.filename).name}" if exc.filename else "")
-            else:
-                reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
-            error = (
-                f"checkpoint step-{step} could not be written ({reason}); {kept}; fix the cause (e.g. free disk "
-                "space) and run again with resume_from_checkpoint=latest"
+    models = trainer.checkpoint_models()
+    for model in models.values():
+        bad = first_nonfinite_parameter(trainer.accelerator.unwrap_model(model))
+        if bad is not None:  # same weights on every rank, so every rank raises here
+            raise UserError(
+                f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the "
+                "previous checkpoint is kept. Lower training.learning_rate or set training.skip_nonfinite_batches = true"
             )
-    trainer._raise_if_any_process_failed(error)
-    trainer._last_saved_step = step
+    state_dicts = {name: collectives.full_state_dict(model) for name, model in models.items()}
+    collectives.barrier()
+    error, bug = None, None
+    if collectives.is_main:
+        try:
+            _write_and_commit(trainer, root, step, run_state, state_dicts)
+        except Exception as exc:  # noqa: BLE001 - sorted below: the user's I/O trouble, or a bug
+            if _is_io_error(exc):  # disk full, permissions, a vanished folder: the user's to fix
+                error = _write_failure(root, step, exc)
+            else:  # a bug: keep its traceback here, stop the other processes with one line
+                shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
+                bug = exc
+                error = f"checkpoint step-{step}: the main process failed while writing it (see its traceback)"
+    try:
+        collectives.raise_if_any_failed(error)
+    except UserError:
+        if bug is not None:
+            raise bug from None
+        raise
+    trainer.last_saved_step = step
     return root / f"step-{step}"
 
 
-def _write_and_commit(trainer, root: Path, step: int, run_state: dict[str, Any], state_dict) -> None:
+def _is_io_error(exc: Exception) -> bool:
+    """An operating-system write failure: OSError, or safetensors' own error wrapping one (its Rust writer
+    reports a full disk as "IoError(... StorageFull ...)" rather than raising OSError)."""
+    return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and "IoError" in str(exc))
+
+
+def _write_failure(root: Path, step: int, exc: Exception) -> str:
+    """The one-line message for a checkpoint that could not be written; the staging folder is dropped."""
+    shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
+    latest = _read_latest(root)
+    kept = f"checkpoints/{latest} is kept" if latest else "no earlier checkpoint exists"
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror + (f" while writing {Path(exc.filename).name}" if exc.filename else "")
+    else:
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return (
+        f"checkpoint step-{step} could not be written ({reason}); {kept}; fix the cause (e.g. free disk "
+        "space) and run again with resume_from_checkpoint=latest"
+    )
+
+
+def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state: dict[str, Any], state_dicts) -> None:
     from transformers.utils import logging as hf_logging
 
     accelerator = trainer.accelerator
@@ -143,8 +178,10 @@ def _write_and_commit(trainer, root: Path, step: int, run_state: dict[str, Any],
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # keep stderr for our own one-line messages
     try:
-        model = accelerator.unwrap_model(trainer.policy)
-        model.save_pretrained(staging / "model", state_dict=state_dict, safe_serialization=True)
+        for name, model in trainer.checkpoint_models().items():
+            accelerator.unwrap_model(model).save_pretrained(
+                staging / name, state_dict=state_dicts[name], safe_serialization=True
+            )
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
@@ -267,9 +304,12 @@ def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
 
 def _load_plain(path: Path) -> Any:
     """torch.load with weights_only=True: tensors and plain containers only; anything else is refused."""
+    import pickle
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - an unpickling refusal or a corrupt file: the user's checkpoint
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        # weights_only refusing a pickled object, or a corrupt/truncated file: the user's checkpoint, not a bug
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UserError(
             f"resume_from_checkpoint: {path} is not plain tensor data and was not loaded "
@@ -277,40 +317,45 @@ def _load_plain(path: Path) -> Any:
         ) from None
 
 
-def load_checkpoint(trainer, folder: Path) -> dict[str, Any]:
+def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, counters, data position, RNG streams and accelerate's step counter
     into `trainer`. Weights come from safetensors only; the .pt files load with weights_only=True. Returns the
     manifest (for notes on a changed config or world size)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     optimizer_state = _load_plain(folder / "optimizer.pt")
     scheduler_state = _load_plain(folder / "scheduler.pt")
     state = _load_plain(folder / "trainer_state.pt")
-    model = trainer.accelerator.unwrap_model(trainer.policy)
-    adapter = folder / "model" / "adapter_model.safetensors"
-    if adapter.exists():  # a LoRA adapter
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, load_file(str(adapter)))
-    else:
-        weights: dict[str, torch.Tensor] = {}
-        for shard in sorted((folder / "model").glob("*.safetensors")):  # one file, or shards of a large model
-            weights.update(load_file(str(shard)))
-        missing, unexpected = model.load_state_dict(weights, strict=False)  # tied weights are saved once
-        current = model.state_dict()
-        loaded = {current[name].data_ptr() for name in weights if name in current}
-        untied = [name for name in missing if current[name].data_ptr() not in loaded]  # truly absent, not tied
-        if unexpected or untied or not weights:
-            problem = (f"unexpected weight {unexpected[0]}" if unexpected
-                       else f"missing weight {untied[0]}" if untied else "no weights found")
-            raise UserError(f"resume_from_checkpoint: {folder}/model does not match the policy ({problem})")
+    for name, model in trainer.checkpoint_models().items():
+        _load_weights(trainer.accelerator.unwrap_model(model), folder / name)
     trainer.optimizer.load_state_dict(optimizer_state)
     trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])
     trainer.accelerator.step = int(state.get("accelerator_step", 0))
-    trainer._last_saved_step = trainer.state.iteration
+    trainer.last_saved_step = trainer.state.iteration
     return read_manifest(folder)
+
+
+def _load_weights(model: torch.nn.Module, folder: Path) -> None:
+    """Load a saved model folder (a LoRA adapter, or full weights in one or more safetensors shards)."""
+    from safetensors.torch import load_file
+
+    adapter = folder / "adapter_model.safetensors"
+    if adapter.exists():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+        return
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(shard)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)  # tied weights are saved once
+    current = model.state_dict()
+    loaded = {current[name].data_ptr() for name in weights if name in current}
+    untied = [name for name in missing if current[name].data_ptr() not in loaded]  # truly absent, not tied
+    if unexpected or untied or not weights:
+        problem = (f"unexpected weight {unexpected[0]}" if unexpected
+                   else f"missing weight {untied[0]}" if untied else "no weights found")
+        raise UserError(f"resume_from_checkpoint: {folder} does not match the model ({problem})")
 
 
 def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:
@@ -350,3 +395,41 @@ def remove_stale_staging(output_dir: str | Path) -> None:
     for pattern in (".staging-step-*", ".replaced-step-*"):
         for folder in root.glob(pattern):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def resume(trainer: Checkpointable, which: str, say: Callable[[str], None]) -> None:
+    """`resume_from_checkpoint`: the main process picks the checkpoint (verifying hashes once) and every process
+    loads that one from the shared output_dir; metrics.jsonl and samples.jsonl lose the records of iterations
+    that will be redone, so every iteration is logged exactly once. `say` prints a line on the main process."""
+    accelerator, collectives = trainer.accelerator, trainer.collectives
+    output_dir = trainer.config.output_dir
+    if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
+        raise UserError(
+            "resume_from_checkpoint: resuming is not supported yet under DeepSpeed or FSDP (checkpoints hold "
+            "the gathered weights but only the main process's optimizer shard); use plain data parallel"
+        )
+    found = collectives.decide_on_main(lambda: _as_text(find_checkpoint(output_dir, which)))
+    if found is None:
+        say("resume_from_checkpoint = latest: no checkpoint yet, starting fresh")
+        if collectives.is_main:
+            truncate_run_logs(output_dir, 0, 0)
+        collectives.barrier()
+        return
+    folder = Path(found)
+    if not (folder / MANIFEST).is_file():
+        raise UserError(f"resume_from_checkpoint: {folder} is not visible from every process (output_dir must be shared)")
+    manifest = load_checkpoint(trainer, folder)
+    if collectives.is_main:
+        remove_stale_staging(output_dir)
+        truncate_run_logs(output_dir, trainer.state.iteration, trainer.state.episode)
+    collectives.barrier()
+    say(f"resumed from {folder} (iteration {trainer.state.iteration}, episode {trainer.state.episode})")
+    if manifest.get("config_sha256") not in (None, config_hash(trainer.config)):
+        say("note: the [training] settings differ from the checkpoint's; continuing with the new ones")
+    if manifest.get("world_size") not in (None, collectives.world_size):
+        say(f"note: the checkpoint was written by {manifest['world_size']} process(es), "
+            f"this run has {collectives.world_size}")
+
+
+def _as_text(folder: Path | None) -> str | None:
+    return str(folder) if folder is not None else None  # plain data travels between processes

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     from training_wizard.recipes.base import load_recipe
+    from training_wizard.signals import TrainingInterrupted
     from training_wizard.spec import recipe_directory
 
     try:
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         # Errors found while running name a key or row but not the file: say which recipe they belong to.
         print(f"error: {args.recipe}: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
+    except TrainingInterrupted as stop:
+        # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
+        print(f"training-wizard: {stop}", file=sys.stderr)
+        return stop.exit_code
     return 0
 
 

@@ -33,8 +33,8 @@ def _sections() -> list[tuple[str, str, list[type]]]:
     return [
         ("Recipe (top level)", "The keys outside any table, plus the tables below.", [RLOORecipe]),
         ("[model], [ref_model]", "", [model.TransformerSpec, model.LoraSpec]),
-        ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (seed 001's defaults); the Python API's "
-         "`RLOOConfig` has TRL's (seed 000).", [RLOORecipeConfig, RLOOConfig]),
+        ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (the defaults of training-wizard 1.0's RLOO example README); the Python API's "
+         "`RLOOConfig` has TRL's.", [RLOORecipeConfig, RLOOConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

@@ -49,8 +49,11 @@ def build_tokenizer(vocab_size: int = 320):
     return tokenizer
 
 
-def build_causal_lm(tokenizer, arch: str = "llama", hidden_size: int = 64, num_layers: int = 2, seed: int = 0):
-    """A small random causal LM (Llama or Qwen2 config) sized to the tokenizer."""
+def build_causal_lm(
+    tokenizer, arch: str = "llama", hidden_size: int = 64, num_layers: int = 2, seed: int = 0, **config_overrides
+):
+    """A small random causal LM (Llama or Qwen2 config) sized to the tokenizer; `config_overrides` go to the
+    config (for example attention_dropout)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -67,6 +70,7 @@ def build_causal_lm(tokenizer, arch: str = "llama", hidden_size: int = 64, num_l
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=False,
+        **config_overrides,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

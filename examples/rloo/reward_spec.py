@@ -1,4 +1,4 @@
-"""The paraphrase reward of the RLOO example (seed 001): several text metrics go into one training signal.
+"""The paraphrase reward of the RLOO example (as in training-wizard 1.0's RLOO example): several text metrics go into one training signal.
 
 Use it from a recipe with `[reward] spec_class = "examples.rloo.reward_spec.ParaphraseRewardSpec"`; the source
 sentence is the dataset row's `text` column.

@@ -42,9 +42,9 @@ def make(tokenizer, out, reward=distinct, **overrides):
     original = trainer._next_prompts
 
     def record():
-        rows, seeds = original()
-        trainer.taken.append((trainer.state.iteration, rows[: trainer.plan.local_prompts]))
-        return rows, seeds
+        batch = original()
+        trainer.taken.append((trainer.state.iteration, batch.rows[: trainer.plan.local_prompts]))
+        return batch
 
     trainer._next_prompts = record
     return trainer
@@ -104,7 +104,7 @@ def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, mo
 
 def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tmp_path):
     trainer = make(tokenizer, tmp_path)
-    real_loss, calls = trainer.policy_loss, []
+    real_loss, calls = trainer.micro_batch_loss, []
 
     def nan_on_fifth(*args):
         out = real_loss(*args)
@@ -113,7 +113,7 @@ def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tm
             out.loss = out.loss * float("nan")
         return out
 
-    trainer.policy_loss = nan_on_fifth
+    trainer.micro_batch_loss = nan_on_fifth
     with pytest.raises(UserError) as failure:
         trainer.train()
     assert str(failure.value).startswith("training: non-finite logits at step 1 (ppo epoch 0, mini-batch 0)") or \
@@ -124,7 +124,7 @@ def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tm
 
 def test_skip_nonfinite_batches_skips_the_step_and_counts_it(tokenizer, tmp_path):
     trainer = make(tokenizer, tmp_path, skip_nonfinite_batches=True)
-    real_loss, calls = trainer.policy_loss, []
+    real_loss, calls = trainer.micro_batch_loss, []
 
     def nan_once(*args):
         out = real_loss(*args)
@@ -133,7 +133,7 @@ def test_skip_nonfinite_batches_skips_the_step_and_counts_it(tokenizer, tmp_path
             out.loss = out.loss * float("nan")
         return out
 
-    trainer.policy_loss = nan_once
+    trainer.micro_batch_loss = nan_once
     trainer.train()
     metrics = read_metrics(tmp_path)
     assert [m["guards/skipped_batches"] for m in metrics] == [0, 1, 1, 1, 1, 1]

@@ -44,6 +44,7 @@ def recipe_dir(tmp_path, tiny_model_dir):
         "\n".join(json.dumps({"prompt": f"Say something about {t}.", "topic": t}) for t in ["cats", "rain", "tea", "maps"])
     )
     (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
+    (tmp_path / "empty.jsonl").write_text("\n")
     return tmp_path
 
 
@@ -96,6 +97,12 @@ CASES = {
     "missing_recipe_class": (lambda t: t.replace('recipe_class = "rloo"', ""), ["recipe_class", "missing"]),
     "unknown_recipe_class": (lambda t: t.replace('"rloo"', '"rlooo"'), ["recipe_class"]),
     "missing_data_file": (lambda t: t.replace("prompts.jsonl", "nothere.jsonl"), ["dataset.data_files", "nothere.jsonl"]),
+    "empty_data_file": (lambda t: t.replace("prompts.jsonl", "empty.jsonl"),
+                        ["dataset.data_files", "empty.jsonl has no rows"]),
+    "reward_function_malformed": (lambda t: t.replace("my_rewards:length_reward", "rw"),
+                                  ["reward.function", "'rw' is not of the form 'package.module:function'"]),
+    "reward_function_missing": (lambda t: t.replace("my_rewards:length_reward", "my_rewards:lenght_reward"),
+                                ["reward.function", "could not be imported"]),
     "rloo_k_divisibility": (lambda t: t.replace("num_ppo_epochs = 1", "num_ppo_epochs = 1\nrloo_k = 3"),
                             ["rloo_k (3)", "local_batch_size (4"]),
 }
@@ -153,3 +160,31 @@ def test_console_script_help_and_error_in_subprocess(recipe_dir, tiny_model_dir)
         f"error: {path}: sede (line 4): unknown key (check the spelling; see docs/configuration.md for the keys this"
         " section accepts)"
     ]
+
+
+def test_unwritable_output_dir_is_one_line_naming_it(recipe_dir, tiny_model_dir, capsys):
+    blocker = recipe_dir / "a-file"
+    blocker.write_text("not a folder")
+    text = good_text(recipe_dir, tiny_model_dir).replace(str(recipe_dir / "run"), str(blocker / "run"))
+    code, _, err = run_cli(capsys, write_recipe(recipe_dir, text))
+    assert_one_line_error(code, err, "output_dir", "cannot create or write", str(blocker / "run"))
+
+
+def test_batch_larger_than_the_run_or_the_dataset_is_said(recipe_dir, tiny_model_dir, capsys):
+    path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir))
+    code, out, _ = run_cli(capsys, path, "training.total_episodes=3", "training.rloo_k=2",
+                           "training.per_device_train_batch_size=16", "--dry-run")
+    assert code == 0
+    assert "note: one iteration is batch_size = 16 completions, more than total_episodes (3)" in out
+    assert "note: each iteration takes 8 prompts but the dataset has 4: prompts repeat within an iteration" in out
+
+
+def test_prompts_longer_than_the_context_are_counted_once(recipe_dir, tiny_model_dir, capsys):
+    long_prompt = " ".join(["word"] * 600)  # the tiny model has 512 positions
+    rows = [{"prompt": long_prompt}, {"prompt": "short"}, {"prompt": "short too"}, {"prompt": long_prompt}]
+    (recipe_dir / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir))
+    code, out, _ = run_cli(capsys, path, "training.total_episodes=4", "training.response_length=2")
+    assert code == 0
+    assert out.count("warning: 2 prompt(s) are longer than max_position_embeddings (512) minus response_length (2)") == 1
+    assert "filter_length" in out

@@ -11,7 +11,7 @@ from training_wizard.core.masking import first_true_index, masked_mean, truncate
 
 
 def test_rloo_advantages_match_seed_loop_example():
-    # seed 000 / 003: 3 prompts x 4 completions, flat layout [k0 p0..p2, k1 p0..p2, ...]
+    # TRL's RLOO docs and the RLOO blog post: 3 prompts x 4 completions, flat layout [k0 p0..p2, k1 p0..p2, ...]
     rewards = torch.tensor([1, 2, 3, 2, 3, 4, 5, 6, 7, 8, 9, 10]).float()
     rloo_k, prompts = 4, 3
     slow = torch.zeros_like(rewards)
@@ -39,7 +39,7 @@ def test_equal_rewards_give_zero_advantages_and_no_nan():
 
 
 def test_reinforce_equals_ppo_gradient_seed_example():
-    # seed 003: with pi == pi_old the clipped PPO loss has REINFORCE's gradient.
+    # the RLOO blog post: with pi == pi_old the clipped PPO loss has REINFORCE's gradient.
     action, advantage = torch.tensor([1]), torch.tensor([1.0])
     logits = torch.tensor([[1.0, 2.0, 1.0, 1.0]], requires_grad=True)
     logprob = F.log_softmax(logits, -1).gather(1, action[:, None])  # (B=1, T=1)

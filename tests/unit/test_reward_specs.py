@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -87,11 +88,15 @@ def test_function_reward_from_toml_shape(reward_module):
     assert total == [13.0, 21.0] and components == {}
 
 
-def test_function_reward_import_errors(reward_module):
-    with pytest.raises(UserError, match=r"reward.function: 'my_rewards:nope' could not be imported"):
-        FunctionRewardSpec(function="my_rewards:nope").score(["p"], ["c"], {})
-    with pytest.raises(UserError, match=r"reward.function: 'my_rewards:NOT_CALLABLE' is not callable"):
-        FunctionRewardSpec(function="my_rewards:NOT_CALLABLE").score(["p"], ["c"], {})
+@pytest.mark.parametrize("function, expected", [
+    ("my_rewards:nope", "'my_rewards:nope' could not be imported (AttributeError"),
+    ("my_rewards:NOT_CALLABLE", "'my_rewards:NOT_CALLABLE' is not callable"),
+    ("rw", "'rw' is not of the form 'package.module:function'"),
+    ("my_rewards.boom", "'my_rewards.boom' is not of the form 'package.module:function'"),
+])
+def test_function_reward_is_checked_when_the_recipe_loads(reward_module, function, expected):
+    with pytest.raises(Exception, match=re.escape(expected)):
+        reward(spec_class="training_wizard.specs.reward.FunctionRewardSpec", function=function)
 
 
 def test_reward_table_needs_spec_class():
@@ -436,3 +441,17 @@ def test_paraphrase_reward_from_toml_prefers_a_paraphrase(monkeypatch):
     assert components["novelty"][0] == pytest.approx(0.0, abs=1e-9)
     weights = {"similarity": 1.0, "novelty": 0.5, "length": 0.25, "eos": 0.25}
     assert total[1] == pytest.approx(sum(w * components[n][1] for n, w in weights.items()))
+
+
+def test_nested_multi_reward_errors_name_the_dotted_component_path():
+    def negative(prompts, completions, **cols):
+        return [-1.0 for _ in completions]
+
+    inner = MultiRewardSpec(components={"novelty": {"spec": CallableRewardSpec(fn=negative)},
+                                        "other": {"spec": CallableRewardSpec(fn=negative)}},
+                            strategy="geometric_mean")
+    outer = MultiRewardSpec(components={"quality": {"spec": inner}})
+    with pytest.raises(UserError) as err:
+        outer.score(["p"], ["a"], {}, step=3)
+    assert str(err.value) == ("reward component 'quality.novelty' at step 3, row 0: value -1.0 is negative; "
+                              "strategy geometric_mean needs values >= 0")

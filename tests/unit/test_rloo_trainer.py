@@ -114,18 +114,6 @@ def test_config_accepts_newer_trl_names_and_checks_divisibility():
     assert plan.num_iterations == 4  # ceil(100 / 32)
 
 
-def test_sequence_classifier_reward_and_missing_eos_penalty(tokenizer, tmp_path):
-    classifier = build_sequence_classifier(tokenizer)
-    trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8)
-    rollout = trainer.collect_rollout()
-    from training_wizard.rollout.scoring import classifier_scores
-
-    raw = classifier_scores(classifier, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
-                            rollout.response_mask, tokenizer.pad_token_id, 3)
-    expected = raw - 5.0 * (~rollout.has_stop).float()
-    torch.testing.assert_close(rollout.scores, expected)
-
-
 def test_lora_policy_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
 
@@ -145,10 +133,10 @@ def test_token_level_kl_first_ratio_is_one(tokenizer, tmp_path):
     trainer = make_trainer(tokenizer, tmp_path, token_level_kl=True, num_ppo_epochs=1, kl_coef=0.1,
                            normalize_advantage=True, normalize_reward=True, whiten_rewards=True)
     rollout = trainer.collect_rollout()
-    shaped = trainer.compute_advantages(rollout)
-    assert shaped["advantages"].shape == rollout.responses.shape
-    assert torch.isfinite(shaped["advantages"]).all()
-    assert (shaped["advantages"][~rollout.response_mask] == 0).all()
+    shaped = trainer.shape_rewards(rollout)
+    assert shaped.advantages.shape == rollout.responses.shape
+    assert torch.isfinite(shaped.advantages).all()
+    assert (shaped.advantages[~rollout.response_mask] == 0).all()
     trainer.state.prompt_order.epoch = 0
     trainer.train()
     assert abs(read_metrics(tmp_path)[0]["val/ratio"] - 1.0) < 1e-6
@@ -174,3 +162,37 @@ def test_bfloat16_policy_trains_with_float32_logprobs(tokenizer, tmp_path):
     trainer.train()
     assert all(math.isfinite(v) for v in read_metrics(tmp_path)[-1].values() if isinstance(v, float))
     assert next(trainer.unwrapped_policy.parameters()).dtype == torch.bfloat16
+
+
+def test_attention_dropout_copied_into_modules_is_off_during_the_update(tokenizer, tmp_path):
+    # Llama attention copies config.attention_dropout when it is built; only turning it off on the modules
+    # makes the update's forward pass match the rollout's, so the first ratio is exactly 1.
+    policy = build_causal_lm(tokenizer, attention_dropout=0.5)
+    trainer = make_trainer(tokenizer, tmp_path, policy=policy, num_ppo_epochs=1, total_episodes=8,
+                           reward=lambda p, c, **k: [float(len(set(x))) for x in c])
+    trainer.train()
+    first = read_metrics(tmp_path)[0]
+    assert first["val/ratio"] == 1.0 and first["val/ratio_var"] == 0.0
+    assert first["policy/approxkl_avg"] == 0.0
+
+
+def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(tokenizer, tmp_path, monkeypatch):
+    import training_wizard.rollout.collector as collector_module
+
+    eos, other = tokenizer.eos_token_id, tokenizer.eos_token_id + 5
+
+    def fixed_responses(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
+        rows = prompt_ids.shape[0]  # even rows stop after two tokens, odd rows never stop
+        return torch.tensor([[other, eos, other] if row % 2 == 0 else [other, other, other] for row in range(rows)])
+
+    monkeypatch.setattr(collector_module, "generate", fixed_responses)
+    classifier = build_sequence_classifier(tokenizer)
+    trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8)
+    rollout = trainer.collect_rollout()
+    assert rollout.has_stop.tolist() == [True, False] * 4
+    assert rollout.response_mask[0].tolist() == [True, True, False]
+    from training_wizard.rollout.scoring import classifier_scores
+
+    raw = classifier_scores(classifier, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                            rollout.response_mask, tokenizer.pad_token_id, 3)
+    torch.testing.assert_close(rollout.scores - raw, torch.tensor([0.0, -5.0] * 4))

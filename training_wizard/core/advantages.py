@@ -1,16 +1,38 @@
-"""Leave-one-out advantages, whitening and reward normalisation."""
+"""Leave-one-out advantages, batch statistics (whitening, reward scaling, normalisation) and the RLOO advantage
+assembly (sequence-level and token-level KL).
+
+Batch statistics take a `moments(values, mask) -> (mean, variance)` function. The default, `local_moments`, sees
+the tensors it is given; a multi-process trainer passes one that first gathers the global batch
+(`Collectives.global_moments`), so the statistics never depend on how many processes share the batch while this
+module stays pure torch.
+
+Three standardisations exist in the package and differ on purpose:
+- `whiten` here: unbiased variance, (x - mean) * rsqrt(var + 1e-8), over the global batch (advantages, rewards).
+- `inverse_std` here: the same variance, but only the scale 1 / std is returned (`whiten_rewards` multiplies by it:
+  the mean of the rewards is scaled too, not kept).
+- `specs.reward.standardize`: a reward component's `normalize`, over the completions one process scores, with the
+  population standard deviation, (x - mean) / (std + 1e-8); it runs inside the reward spec on plain lists.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
+
+from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
+from training_wizard.core.masking import masked_sum
+
+Moments = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
 def rloo_advantages(rewards: torch.Tensor, rloo_k: int) -> torch.Tensor:
     """REINFORCE Leave-One-Out: each completion's reward minus the mean reward of the other k-1 of its prompt.
 
-    rewards: (rloo_k * P,) laid out as in seed 000, completion j of prompt p at index j * P + p (the prompts are
-    repeated k times, `queries.repeat(k, 1)`), or already (rloo_k, P). Returns the same layout as the input.
-    Vectorised as in the seed: baseline = (sum over k - own) / (k - 1). Advantages sum to zero per prompt.
+    rewards: (rloo_k * P,) laid out as in TRL's RLOO trainer, completion j of prompt p at index j * P + p (the
+    prompts are repeated k times, `queries.repeat(k, 1)`), or already (rloo_k, P). Returns the same layout as the
+    input. Vectorised: baseline = (sum over k - own) / (k - 1). Advantages sum to zero per prompt.
     """
     if rloo_k < 2:
         raise ValueError(f"rloo_k must be at least 2 for a leave-one-out baseline, got {rloo_k}")
@@ -19,17 +41,28 @@ def rloo_advantages(rewards: torch.Tensor, rloo_k: int) -> torch.Tensor:
     return (grid - baseline).reshape(rewards.shape)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True) -> torch.Tensor:
-    """(values - mean) / std over the (masked) batch; the mean is added back when shift_mean is False.
+def local_moments(values: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, unbiased variance) of the (masked-in) entries; variance 0 for fewer than two entries.
 
-    Any shape; mask (same shape, bool) selects the entries used for the statistics. A batch with zero variance
-    returns values minus the mean (no division by ~0, no NaN).
+    An empty selection gives (nan, 0): callers check for it before using the mean.
     """
     selected = values[mask] if mask is not None else values.reshape(-1)
-    if selected.numel() == 0:
+    mean = selected.mean() if selected.numel() else selected.new_full((), float("nan"))
+    var = selected.var(unbiased=True) if selected.numel() > 1 else selected.new_zeros(())
+    return mean, var
+
+
+def whiten(
+    values: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, moments: Moments = local_moments
+) -> torch.Tensor:
+    """(values - mean) / std over the (masked) batch; the mean is added back when shift_mean is False.
+
+    Any shape; mask (same shape, bool) selects the entries used for the statistics, and masked-out entries come
+    back as zero. A batch with zero variance returns values minus the mean (no division by ~0, no NaN).
+    """
+    mean, var = moments(values, mask)
+    if torch.isnan(mean):  # nothing selected anywhere
         return values
-    mean = selected.mean()
-    var = selected.var(unbiased=selected.numel() > 1) if selected.numel() > 1 else selected.new_zeros(())
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -38,12 +71,90 @@ def whiten(values: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: b
     return whitened
 
 
-def normalize_and_clip(scores: torch.Tensor, clip_range: float) -> torch.Tensor:
+def inverse_std(values: torch.Tensor, moments: Moments = local_moments) -> torch.Tensor:
+    """1 / sqrt(var + 1e-8) over the batch: the factor `whiten_rewards` multiplies the rewards by (0-dim)."""
+    return torch.rsqrt(moments(values)[1] + 1e-8)
+
+
+def normalize_and_clip(scores: torch.Tensor, clip_range: float, moments: Moments = local_moments) -> torch.Tensor:
     """Reinforce++ reward normalisation: standardise over the batch, then clamp to [-clip_range, clip_range]."""
-    return whiten(scores).clamp(-clip_range, clip_range)
+    return whiten(scores, moments=moments).clamp(-clip_range, clip_range)
 
 
 def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Undiscounted return from each token to the end of its completion. (B, T) -> (B, T), zero where masked."""
     rewards = token_rewards * mask.to(token_rewards.dtype)
     return rewards.flip(-1).cumsum(-1).flip(-1) * mask.to(token_rewards.dtype)
+
+
+@dataclass(frozen=True)
+class ShapedRewards:
+    """What the reward shaping of one rollout produced. B = completions, T = response width.
+
+    advantages: (B,) for sequence-level KL, (B, T) (zero on masked positions) for token-level KL or PPO.
+    kl: (B,) summed per-token KL estimate; non_score_reward: (B,) the KL part of the reward;
+    rlhf_reward: (B,) score + non_score_reward, before any scaling. `returns` and `values` are PPO's (B, T).
+    """
+
+    advantages: torch.Tensor
+    kl: torch.Tensor
+    non_score_reward: torch.Tensor
+    rlhf_reward: torch.Tensor
+    returns: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class RLOOShaping:
+    """The options of the RLOO reward shaping (names as in RLOOConfig)."""
+
+    rloo_k: int
+    kl_coef: float
+    kl_estimator: str = "k1"
+    token_level_kl: bool = False
+    normalize_reward: bool = False
+    reward_clip_range: float = 10.0
+    whiten_rewards: bool = False
+    normalize_advantage: bool = False
+
+
+def rloo_shaped_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    options: RLOOShaping,
+    moments: Moments = local_moments,
+) -> ShapedRewards:
+    """RLOO's rewards and advantages from one rollout (TRL's RLOO trainer; Ahmadian et al. 2024).
+
+    scores: (B,) after missing_eos_penalty; logprobs, ref_logprobs: (B, T) at the sampling temperature;
+    mask: (B, T) bool. Rows are in the (rloo_k, prompts) layout of `rloo_advantages`.
+
+    Sequence level (default): rlhf_reward = score - kl_coef * sum_t kl_t, advantage = rlhf_reward minus the mean
+    of the other k - 1 completions of the prompt. Token level (`token_level_kl`, Reinforce++): each token's
+    advantage is its KL-shaped reward-to-go minus the same leave-one-out baseline of the whole-completion reward.
+    Optional steps, in order: normalize_reward (standardise + clamp the scores), whiten_rewards (scale the rlhf
+    rewards by 1 / std), normalize_advantage (whiten the advantages, masked for token level).
+    """
+    kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
+    if options.normalize_reward:
+        scores = normalize_and_clip(scores, options.reward_clip_range, moments)
+    if options.token_level_kl:
+        per_token = token_rewards(scores, kl, mask, options.kl_coef)
+        rlhf_reward = per_token.sum(-1)
+        non_score_reward = rlhf_reward - scores
+    else:
+        rlhf_reward, non_score_reward = sequence_rlhf_reward(scores, kl, mask, options.kl_coef)
+    scale = inverse_std(rlhf_reward, moments) if options.whiten_rewards else 1.0
+    sequence_advantages = rloo_advantages(rlhf_reward * scale, options.rloo_k)
+    if options.token_level_kl:
+        baseline = rlhf_reward * scale - sequence_advantages
+        advantages = (reward_to_go(per_token * scale, mask) - baseline.unsqueeze(-1)) * mask
+    else:
+        advantages = sequence_advantages
+    if options.normalize_advantage:
+        advantages = whiten(advantages, mask if options.token_level_kl else None, moments=moments)
+    return ShapedRewards(
+        advantages=advantages, kl=masked_sum(kl, mask), non_score_reward=non_score_reward, rlhf_reward=rlhf_reward
+    )

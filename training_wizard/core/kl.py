@@ -1,4 +1,4 @@
-"""KL between policy and reference, per token, and the KL-shaped rewards (seed 003's worked example)."""
+"""KL between policy and reference, per token, and the KL-shaped rewards (the RLOO blog post's worked example)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl
     """Per-token rewards: -kl_coef * kl_t at every real token, plus the score at the last real token.
 
     scores: (B,), kl: (B, T), mask: (B, T) bool -> (B, T); zero on masked positions.
-    Summing over t gives `sequence_rlhf_reward` (seed 003: "entire_generation_reward = per_token_reward.sum()").
-    Seed 003's worked example adds +kl per token, which is kl_coef = -1 here: kl = [-1.0, 0.1, -0.3] and
+    Summing over t gives `sequence_rlhf_reward` (the RLOO blog post: "entire_generation_reward = per_token_reward.sum()").
+    The RLOO blog post's worked example adds +kl per token, which is kl_coef = -1 here: kl = [-1.0, 0.1, -0.3] and
     score 1.0 give [-1.0, 0.1, 0.7], whose sum is the entire-completion reward -0.2.
     """
     rewards = -kl_coef * kl * mask.to(kl.dtype)

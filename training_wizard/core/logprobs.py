@@ -10,7 +10,7 @@ def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: 
 
     logits: (B, T, V) float; tokens: (B, T) long -> (B, T) float32.
     The temperature must be the sampling temperature: the ratio compares training-style logprobs of the same
-    distribution that generated the tokens (seed 003, "recompute old logprobs with a forward pass").
+    distribution that generated the tokens (the RLOO blog post, "recompute old logprobs with a forward pass").
     Computed row by row in float32 so bf16 logits do not lose the small differences the ratio depends on.
     """
     out = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)

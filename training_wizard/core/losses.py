@@ -20,10 +20,10 @@ class PolicyLossOutput:
 def clipped_surrogate_sequence(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float
 ) -> PolicyLossOutput:
-    """PPO's clipped loss with the whole completion as one action (RLOO, seed 000 / seed 003).
+    """PPO's clipped loss with the whole completion as one action (RLOO, TRL's RLOO docs; the RLOO blog post).
 
     logprobs, old_logprobs: (B, T); advantages: (B,); mask: (B, T) bool. ratio = exp(sum_t logp - sum_t logp_old).
-    With one epoch and one mini-batch the ratio is 1 and the gradient equals REINFORCE's (seed 003's example).
+    With one epoch and one mini-batch the ratio is 1 and the gradient equals REINFORCE's (the RLOO blog post's example).
     The loss is the mean over completions: equal-sized micro-batches with accumulation give the full batch's
     gradient.
     """

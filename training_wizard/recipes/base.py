@@ -9,6 +9,7 @@ from pydantic import Field
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, import_spec_class, load_spec, read_recipe_file
+from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION
 
 RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
@@ -18,8 +19,8 @@ RECIPE_ALIASES = {
 class Recipe(Spec):
     """Top-level keys shared by every recipe."""
 
-    output_dir: str = Field(description="Folder for metrics, samples, checkpoints and the final model.")
-    seed: int = Field(42, description="Seed of every random choice: data order, sampling, initialisation.")
+    output_dir: str = Field(description=OUTPUT_DIR_DESCRIPTION)
+    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION)
     resume_from_checkpoint: str | None = Field(
         None, description='"latest" (start fresh if there is none yet) or a checkpoint folder to resume from.'
     )

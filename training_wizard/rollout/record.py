@@ -1,18 +1,19 @@
-"""The Rollout record: everything one iteration sampled and scored on one process."""
+"""The Rollout record: everything one iteration sampled and scored on one process, complete and immutable."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
     """B = completions on this process (local_batch_size), P = prompt width, T = response width.
 
-    Completion j of local prompt i sits at row j * local_prompts + i (the seed's (rloo_k, prompts) layout).
+    Completion j of local prompt i sits at row j * local_prompts + i (TRL's (rloo_k, prompts) layout).
+    Built once by `RolloutCollector.collect`; nothing fills it in later.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded
@@ -25,18 +26,22 @@ class Rollout:
     scores: torch.Tensor  # (B,) float32: reward after missing_eos_penalty, before any normalisation
     queries: list[str]  # (B,) the query text of each row
     completions: list[str]  # (B,) decoded completions (special tokens skipped)
-    components: dict[str, list[float]] = field(default_factory=dict)  # reward components, (B,) each
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: generation, scoring
+    components: Mapping[str, list[float]] = field(default_factory=dict)  # reward components, (B,) each
+    extras: Mapping[str, torch.Tensor] = field(default_factory=dict)  # per-token (B, T) passes, e.g. PPO "values"
+    timings: Mapping[str, float] = field(default_factory=dict)  # seconds: generation, logprobs, scoring
 
     @property
     def num_rows(self) -> int:
         return self.responses.shape[0]
 
     def rows(self, index: torch.Tensor) -> dict[str, Any]:
-        return {
+        """The tensors an update micro-batch needs, for the rows `index`."""
+        picked = {
             "prompt_ids": self.prompt_ids[index],
             "prompt_mask": self.prompt_mask[index],
             "responses": self.responses[index],
             "response_mask": self.response_mask[index],
             "logprobs": self.logprobs[index],
         }
+        picked.update({name: values[index] for name, values in self.extras.items()})
+        return picked

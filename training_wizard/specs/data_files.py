@@ -66,6 +66,20 @@ def builder_for(path: str, key: str) -> str:
     return builder
 
 
+def _has_no_rows(path: str) -> bool:
+    """True for an empty or whitespace-only file (the loaders would fail with an unhelpful message)."""
+    import fsspec
+
+    try:
+        with fsspec.open(path, "rb", compression="infer") as handle:
+            for block in iter(lambda: handle.read(1 << 16), b""):
+                if block.strip():
+                    return False
+    except OSError:
+        return False  # unreadable: the loader reports it with its reason
+    return True
+
+
 def load_files(paths: list[str], key: str):
     import datasets
 
@@ -74,6 +88,9 @@ def load_files(paths: list[str], key: str):
         kinds = ", ".join(sorted(set(builders.values())))
         raise UserError(f"{key}: files of different types cannot be mixed ({kinds})")
     builder = builders[paths[0]]
+    for path in paths:
+        if _has_no_rows(path):
+            raise UserError(f"{key}: {path} has no rows (the file is empty or only blank lines)")
     if builder == "json":
         # Checked before pyarrow sees the file: some malformed rows (a bare `null` line) crash it outright,
         # others make `datasets` log an error line of its own before raising.

@@ -34,7 +34,7 @@ from training_wizard.specs.data_files import (
 )
 
 ROLES = ("system", "user", "assistant")
-# A prompt may use at most this fraction of response_length tokens when filter_length is on (seed 001).
+# A prompt may use at most this fraction of response_length tokens when filter_length is on (as in training-wizard 1.0's RLOO example).
 FILTER_LENGTH_FRACTION = 0.9
 
 
@@ -137,7 +137,7 @@ class MessageTemplate(BaseModel):
 
 
 class TemplateInstructDatasourceSpec(DataSourceSpec):
-    """Conversational `prompt` from a template filled with each parent row's columns (seed 001).
+    """Conversational `prompt` from a template filled with each parent row's columns (as in training-wizard 1.0's RLOO example).
 
     `{text}` is replaced by the row's `text` column (Python `str.format` syntax: `{{`/`}}` are literal braces).
     The parent's columns are kept, so the reward sees them; a parent `prompt` column is replaced.
@@ -314,7 +314,7 @@ def prompt_token_counts(prompts: list, tokenizer) -> list[int]:
 
 
 def filter_long_prompts(dataset, tokenizer, response_length: int) -> tuple[Any, int]:
-    """Drop rows whose prompt is longer than 0.9 * response_length tokens (seed 001's `filter_length`).
+    """Drop rows whose prompt is longer than 0.9 * response_length tokens (the `filter_length` of training-wizard 1.0's RLOO example).
 
     Returns (filtered dataset, number of rows dropped); the order of the kept rows is unchanged.
     """

@@ -16,13 +16,18 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, import_object, resolve_path
 
 # Rows re-run one at a time to find the one that makes a failing reward raise (error path only).
 _MAX_ROWS_TO_LOCATE = 64
+
+
+class RewardError(UserError):
+    """A reward failure whose message already names the reward (or component), the step and the row: an outer
+    reward passes it on unchanged instead of wrapping it a second time."""
 
 
 class RewardSpec(Spec):
@@ -72,10 +77,10 @@ def guarded_call(
     """
     try:
         return fn(prompts, completions, columns)
+    except RewardError:
+        raise  # already names its reward (a nested score call)
     except UserError as exc:
-        if str(exc).startswith("reward "):  # already names its reward (a nested score call)
-            raise
-        raise UserError(f"reward {label} at step {step}: {exc}") from None
+        raise RewardError(f"reward {label} at step {step}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a user's reward code failing is a user error
         reason = f"{type(exc).__name__}: {exc}"
     where = f"on the batch of {len(completions)} rows"
@@ -89,23 +94,23 @@ def guarded_call(
                 break
     elif len(completions) == 1:
         where = "row 0"
-    raise UserError(f"reward {label} raised at step {step}, {where}: {reason}"[:500])
+    raise RewardError(f"reward {label} raised at step {step}, {where}: {reason}"[:500])
 
 
 def check_rewards(values: Any, expected: int, component: str, step: int) -> list[float]:
     """Floats, one per completion, all finite; else a UserError naming component, step and row."""
     if values is None or isinstance(values, (str, bytes)):
-        raise UserError(
+        raise RewardError(
             f"reward {component} at step {step}: expected a list of {expected} floats, got {type(values).__name__}"
         )
     try:
         values = values.tolist() if hasattr(values, "tolist") else list(values)
     except TypeError:
-        raise UserError(
+        raise RewardError(
             f"reward {component} at step {step}: expected a list of {expected} floats, got {type(values).__name__}"
         ) from None
     if len(values) != expected:
-        raise UserError(
+        raise RewardError(
             f"reward {component} at step {step}: returned {len(values)} values for {expected} completions "
             f"(rows 0-{expected - 1})"
         )
@@ -116,9 +121,9 @@ def check_rewards(values: Any, expected: int, component: str, step: int) -> list
                 raise TypeError
             number = float(value)
         except (TypeError, ValueError):
-            raise UserError(f"reward {component} at step {step}, row {row}: expected a float, got {value!r}") from None
+            raise RewardError(f"reward {component} at step {step}, row {row}: expected a float, got {value!r}") from None
         if not math.isfinite(number):
-            raise UserError(f"reward {component} at step {step}, row {row}: value is {number} (must be finite)")
+            raise RewardError(f"reward {component} at step {step}, row {row}: value is {number} (must be finite)")
         out.append(number)
     return out
 
@@ -128,17 +133,33 @@ class FunctionRewardSpec(RewardSpec):
 
     function: str = Field(description="Import path of the reward function, 'package.module:function'.")
 
+    @field_validator("function")
+    @classmethod
+    def _importable_now(cls, function: str) -> str:
+        """Import the function when the recipe loads, so --dry-run catches a typo before any model loads."""
+        resolve_function(function, raising=ValueError)
+        return function
+
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         return self._function()(prompts, completions, **columns)
 
     def _function(self) -> Callable[..., list[float]]:
-        try:
-            fn = import_object(self.function)
-        except Exception as exc:  # noqa: BLE001
-            raise UserError(f"reward.function: '{self.function}' could not be imported ({exc})") from None
-        if not callable(fn):
-            raise UserError(f"reward.function: '{self.function}' is not callable")
-        return fn
+        return resolve_function(self.function, raising=UserError, key="reward.function: ")
+
+
+def resolve_function(path: str, raising: type[Exception], key: str = "") -> Callable[..., list[float]]:
+    """The callable 'package.module:function' names; `raising(message)` when it is malformed, missing or not
+    callable (ValueError while a recipe validates, so the error names the key; UserError at run time)."""
+    module_name, colon, name = path.partition(":")
+    if not colon or not module_name or not name:
+        raise raising(f"{key}'{path}' is not of the form 'package.module:function'")
+    try:
+        fn = import_object(path)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's path being wrong
+        raise raising(f"{key}'{path}' could not be imported ({type(exc).__name__}: {exc})") from None
+    if not callable(fn):
+        raise raising(f"{key}'{path}' is not callable")
+    return fn
 
 
 class CallableRewardSpec(RewardSpec):
@@ -327,11 +348,23 @@ class MultiRewardSpec(RewardSpec):
         step: int = 0,
         label: str | None = None,
     ) -> tuple[list[float], dict[str, list[float]]]:
+        return self.score_at(prompts, completions, columns, step, label, path=())
+
+    def score_at(
+        self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], step: int,
+        label: str | None, path: tuple[str, ...],
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """`score` for the MultiRewardSpec at `path` inside an outer one (() at the top): errors name the
+        component by its dotted path, e.g. component 'quality.novelty'."""
         logged: dict[str, list[float]] = {}
         parts: list[tuple[str, float, list[float]]] = []
         for name, component in self.components.items():
-            full = _component_path(label, name)
-            values, nested = component.spec.score(prompts, completions, columns, step, label=f"component '{full}'")
+            full = ".".join((*path, name))
+            if isinstance(component.spec, MultiRewardSpec):
+                values, nested = component.spec.score_at(prompts, completions, columns, step,
+                                                         f"component '{full}'", (*path, name))
+            else:
+                values, nested = component.spec.score(prompts, completions, columns, step, label=f"component '{full}'")
             logged[name] = values
             logged.update({f"{name}.{k}": v for k, v in nested.items()})
             parts.append((full, component.weight, standardize(values) if component.normalize else values))
@@ -347,31 +380,28 @@ class MultiRewardSpec(RewardSpec):
             return math.prod(_power(r, w, n, row, step) for n, w, r in parts)
         for name, _, value in parts:
             if value < 0:
-                raise UserError(f"reward component '{name}' at step {step}, row {row}: value {value} is negative; "
-                                "strategy geometric_mean needs values >= 0")
+                raise RewardError(f"reward component '{name}' at step {step}, row {row}: value {value} is negative; "
+                                  "strategy geometric_mean needs values >= 0")
         logs = sum(w * math.log(max(r, self.epsilon)) for _, w, r in parts)
         return math.exp(logs / sum(w for _, w, _ in parts))
-
-
-def _component_path(label: str | None, name: str) -> str:
-    """'novelty', or 'outer.novelty' for a component of a MultiRewardSpec that is itself a component."""
-    prefix = "component '"
-    if label and label.startswith(prefix) and label.endswith("'"):
-        return f"{label[len(prefix):-1]}.{name}"
-    return name
 
 
 def _power(value: float, weight: float, name: str, row: int, step: int) -> float:
     if weight == 1:
         return value
     if value < 0:
-        raise UserError(f"reward component '{name}' at step {step}, row {row}: value {value} is negative; "
+        raise RewardError(f"reward component '{name}' at step {step}, row {row}: value {value} is negative; "
                         f"strategy product with weight {weight} needs values >= 0")
     return value**weight
 
 
 def standardize(values: list[float], eps: float = 1e-8) -> list[float]:
-    """(x - mean) / (std + eps) over the batch, population std; a constant batch gives zeros."""
+    """(x - mean) / (std + eps) over the batch, population std; a constant batch gives zeros.
+
+    A component's `normalize`: over the completions one process scores (a reward spec never sees other
+    processes), on plain lists. The trainer's batch statistics are `core.advantages.whiten` (unbiased variance,
+    over all processes); the two are different on purpose and documented in docs/algorithms.md.
+    """
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     return [(v - mean) / (std + eps) for v in values]

@@ -1,18 +1,16 @@
-"""The on-policy training loop shared by RLOO and PPO.
+"""The on-policy training loop shared by RLOO and PPO. Read `OnPolicyTrainer._iteration` first.
 
-One iteration (DESIGN section 1); steps 1-5 are in trainers/rollout_steps.py, shared with every trainer:
+One iteration (DESIGN section 1):
   1. take this process's prompts of the shared order          `_next_prompts`
-  2. sample completions                                       `_generate`
-  3. truncate at the stop token and mask what follows         core.masking.truncate_after_stop
-  4. logprobs of policy ("old") and reference                 `_logprobs`, `_reference_logprobs`
-  5. score with the reward (+ missing_eos_penalty)            `_score`
-  6. shape rewards with KL and compute advantages             subclass: `compute_advantages`
-  7. update: epochs x mini-batches x gradient accumulation    `_update` + subclass `policy_loss`
-  8. log metrics and samples, evaluate, checkpoint            `_iteration_metrics`, `evaluate`, save_checkpoint
+  2-5. sample, truncate, logprobs (policy, reference), score   `RolloutCollector.collect` (rollout/collector.py)
+  6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
+  7. update: epochs x mini-batches x gradient accumulation    `_update` + subclass `micro_batch_loss`
+  8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
 
 Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
 the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
 the rollout and every mini-batch; a checkpoint restores the run exactly (weights, optimizer, scheduler, RunState).
+Every cross-process collective goes through `self.collectives` (collectives.py).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import copy
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,18 +27,19 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from training_wizard import guards
+from training_wizard.collectives import Collectives
+from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
-from training_wizard.core.logprobs import entropy_from_logits, selective_logprobs
+from training_wizard.core.logprobs import entropy_from_logits
 from training_wizard.core.masking import masked_mean
 from training_wizard.errors import UserError
+from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_logits
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.rollout_steps import RolloutSteps
 
 
 class RunState:
@@ -74,7 +74,35 @@ class RunState:
         torch.set_rng_state(state["torch_rng"])
 
 
-class OnPolicyTrainer(RolloutSteps):
+@dataclass(frozen=True)
+class PromptBatch:
+    """This process's dataset rows for one iteration, in the (group_size, prompts) layout, and their seeds."""
+
+    rows: list[int]
+    seeds: list[int]
+
+
+@dataclass
+class MicroBatchLoss:
+    """What one micro-batch's forward pass gives the update loop (subclass hook `micro_batch_loss`).
+
+    loss: scalar to back-propagate; logits: (b, T, V) policy logits (for entropy and the guard); ratio: (b,) or
+    (b, T) policy ratios (summarised as val/ratio); stats: scalar metrics averaged over micro-batches.
+    """
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    ratio: torch.Tensor
+    stats: dict[str, torch.Tensor]  # at least "loss/policy_avg", "policy/approxkl_avg", "policy/clipfrac_avg"
+
+
+class OnPolicyTrainer:
+    """The shared loop. Subclasses implement `shape_rewards` (step 6) and `micro_batch_loss` (step 7).
+
+    The checkpoint interface (checkpoint.py) is public: `accelerator`, `collectives`, `config`, `optimizer`,
+    `lr_scheduler`, `state`, `checkpoint_models()` and `last_saved_step`.
+    """
+
     config: OnPolicyConfig
 
     def __init__(
@@ -96,6 +124,7 @@ class OnPolicyTrainer(RolloutSteps):
                 f"the Accelerator was made with gradient_accumulation_steps="
                 f"{self.accelerator.gradient_accumulation_steps}, the config says {config.gradient_accumulation_steps}"
             )
+        self.collectives = Collectives(self.accelerator)
         set_seed(config.seed)
         if tokenizer.pad_token_id is None:
             raise UserError("model: the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = ...)")
@@ -103,19 +132,32 @@ class OnPolicyTrainer(RolloutSteps):
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
-        self.stop_token_id = self._stop_token_id()
-        self.reward = reward_model
+        self.reward = _as_reward(reward_model)
         self._setup_models(policy, ref_policy)
+        self.collector = RolloutCollector(
+            accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
+            settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
+            extra_passes=self.extra_rollout_passes(),
+        )
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
         self.sample_every = (
             max(1, self.plan.num_iterations // config.num_sample_generations) if config.num_sample_generations else 0
         )
-        self._resumed_from: str | None = None
-        self._last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
+        self.last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     # ---------------------------------------------------------------------------------------------- set-up
+    def _sampling_settings(self) -> SamplingSettings:
+        config = self.config
+        return SamplingSettings(
+            response_length=config.response_length, temperature=config.temperature,
+            stop_token_id=self._stop_token_id(), pad_token_id=self.tokenizer.pad_token_id,
+            forward_batch_size=config.local_rollout_forward_batch_size,
+            missing_eos_penalty=config.missing_eos_penalty,
+            gather_weights_for_generation=config.ds3_gather_for_generation,
+        )
+
     def _stop_token_id(self) -> int | None:
         if self.config.stop_token_id is not None:
             return self.config.stop_token_id
@@ -160,10 +202,6 @@ class OnPolicyTrainer(RolloutSteps):
             self.ref_policy = ref_policy.to(self.accelerator.device).eval()
         if isinstance(self.reward, torch.nn.Module):
             self.reward = self.reward.to(self.accelerator.device).eval().requires_grad_(False)
-        elif not isinstance(self.reward, RewardSpec):
-            if not callable(self.reward):
-                raise UserError("reward_model: expected a model, a RewardSpec or a callable")
-            self.reward = CallableRewardSpec(fn=self.reward)
 
     def _configure_deepspeed(self) -> None:
         """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
@@ -180,87 +218,22 @@ class OnPolicyTrainer(RolloutSteps):
     def unwrapped_policy(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.policy)
 
-    # ---------------------------------------------------------------------------------------------- update
-    def compute_advantages(self, rollout: Rollout) -> dict[str, torch.Tensor]:
-        """Subclass hook: returns at least `advantages` plus per-completion `kl`, `non_score_reward`,
-        `rlhf_reward` (B,) for the metrics."""
+    def checkpoint_models(self) -> dict[str, torch.nn.Module]:
+        """The trained models a checkpoint saves, by folder name (the policy in `model/`)."""
+        return {"model": self.policy}
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
+        """Per-token no-grad passes the collector adds to the rollout (PPO: values). None by default."""
+        return {}
+
+    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+        """Step 6: KL-shaped rewards and advantages of this process's rows (statistics over all processes)."""
         raise NotImplementedError
 
-    def policy_loss(self, logprobs, old_logprobs, advantages, mask):
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
+        """Step 7, one micro-batch: `rows` from `Rollout.rows`, `shaped` the ShapedRewards tensors of those rows."""
         raise NotImplementedError
-
-    def _update(self, rollout: Rollout, advantages: torch.Tensor) -> dict[str, float]:
-        """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
-
-        `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
-        all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
-        whose engine does its own accumulation). Every mini-batch is exactly gradient_accumulation_steps
-        micro-batches, so accelerate's step counter is a multiple of them at every iteration boundary (which is
-        what makes a checkpoint taken there resume exactly).
-        """
-        config, plan = self.config, self.plan
-        self.policy.train()
-        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        device = self.accelerator.device
-        for epoch in range(config.num_ppo_epochs):
-            order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
-            for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
-                flags = torch.zeros(2, dtype=torch.bool, device=device)  # non-finite logits, loss
-                for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
-                    with self.accelerator.accumulate(self.policy):
-                        self._micro_step(rollout, advantages, order[start : start + plan.micro_batch_size], stats, flags)
-                        if self.accelerator.sync_gradients:
-                            self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
-                fault_point("update", self.state.iteration)
-        summary = {key: float(self.accelerator.reduce(torch.stack(values).mean().to(device), "mean"))
-                   for key, values in stats.items() if key != "ratio"}
-        # Ratio mean and variance over every ratio of every process, from sums: processes may hold different
-        # numbers of them (token-level ratios count real tokens).
-        ratios = torch.cat(stats["ratio"]).double().to(device)
-        sums = self.accelerator.reduce(torch.stack([ratios.sum(), (ratios**2).sum(), ratios.new_tensor(ratios.numel())]), "sum")
-        count = sums[2].clamp(min=1)
-        mean = sums[0] / count
-        summary["val/ratio"], summary["val/ratio_var"] = float(mean), float((sums[1] / count - mean**2).clamp(min=0))
-        return summary
-
-    def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
-        """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
-        config = self.config
-        if config.max_grad_norm is not None:
-            norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), config.max_grad_norm)
-        else:
-            grads = [p.grad.detach() for p in self.policy.parameters() if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
-        # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
-        checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
-        grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
-        bad = self._agree(*torch.cat([flags, grad_bad.to(flags.device)]).tolist())  # every rank steps or skips
-        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad)
-        if name is None:
-            self.optimizer.step()
-        elif config.skip_nonfinite_batches:
-            self.state.skipped_batches += 1
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise guards.nonfinite_error(name, self.state.iteration, where)
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _micro_step(self, rollout, advantages, index, stats, flags: torch.Tensor) -> None:
-        rows = rollout.rows(index)
-        logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
-        out = self.policy_loss(logprobs, rows["logprobs"], advantages[index], rows["response_mask"])
-        self.accelerator.backward(out.loss)
-        with torch.no_grad():
-            entropy = masked_mean(entropy_from_logits(logits.detach(), self.config.temperature), rows["response_mask"])
-            # numerical guard: one isfinite reduction per tensor, no host sync here
-            flags[0] |= ~guards.all_finite(logits.detach())
-            flags[1] |= ~guards.all_finite(out.loss.detach())
-        stats["loss/policy_avg"].append(out.loss.detach())
-        stats["policy/approxkl_avg"].append(out.approxkl)
-        stats["policy/clipfrac_avg"].append(out.clipfrac)
-        stats["policy/entropy_avg"].append(entropy)
-        stats["ratio"].append(out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["response_mask"]])
 
     # ---------------------------------------------------------------------------------------------- loop
     def train(self) -> None:
@@ -268,34 +241,60 @@ class OnPolicyTrainer(RolloutSteps):
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
         plan = self.plan
         progress = ProgressDisplay(plan.total_episodes, enabled=self.is_main, start_episode=self.state.episode)
-        clock = (time.perf_counter(), self.state.episode)
+        self._clock_started, self._clock_episode = time.perf_counter(), self.state.episode
         try:
             with StopRequest() as stop:
                 while self.state.iteration < plan.num_iterations:
-                    self._iteration(stop, progress, clock)
+                    self._iteration(stop, progress)
         finally:
             progress.close()
             self.metrics.close()
 
-    def _iteration(self, stop: StopRequest, progress: ProgressDisplay, clock: tuple[float, int]) -> None:
+    def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
+        start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
+        # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
+        rollout = self.collect_rollout()
+        # 6. KL-shaped rewards and advantages
+        shaped = self.shape_rewards(rollout)
+        skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
+        # 7. the update
+        update_started = time.perf_counter()
+        update_stats = {} if skip_update else self._update(rollout, shaped)
+        update_seconds = time.perf_counter() - update_started
+        # 8. counters, logs, samples, evaluation, checkpoint
+        self._record_iteration(rollout, shaped, update_stats, update_seconds, progress)
+        self._safe_point_after_iteration(stop)
+
+    def collect_rollout(self) -> Rollout:
+        """Steps 1-5: the next prompts of the shared order, sampled and scored."""
+        prompts = self._next_prompts()
+        return self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration)
+
+    def _next_prompts(self) -> PromptBatch:
+        """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
+        sampling seeds keyed by (seed, iteration, global slot)."""
+        plan, k = self.plan, self.config.group_size()
+        global_indices = self.state.prompt_order.take(plan.prompts_per_iteration)
+        first = self.accelerator.process_index * plan.local_prompts
+        local = global_indices[first : first + plan.local_prompts]
+        rows = [local[i] for j in range(k) for i in range(plan.local_prompts)]
+        seeds = [
+            row_seed(self.config.seed, self.state.iteration, (first + i) * k + j)
+            for j in range(k)
+            for i in range(plan.local_prompts)
+        ]
+        return PromptBatch(rows, seeds)
+
+    def _record_iteration(self, rollout, shaped, update_stats, update_seconds: float, progress) -> None:
         from training_wizard.checkpoint import save_checkpoint
 
         plan, config = self.plan, self.config
-        start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
-        rollout = self.collect_rollout()
-        shaped = self.compute_advantages(rollout)
-        stop_now, skip_update = self._before_update(stop, rollout, shaped["advantages"])
-        if stop_now:
-            self._stop(stop, start_state)
-        update_started = time.perf_counter()
-        update_stats = {} if skip_update else self._update(rollout, shaped["advantages"])
-        rollout.timings["update"] = time.perf_counter() - update_started
         lr = self.lr_scheduler.get_last_lr()[0]  # the rate this iteration's update used
         self.lr_scheduler.step()
         self.state.iteration += 1
         self.state.episode += plan.batch_size
-        eps = (self.state.episode - clock[1]) / max(time.perf_counter() - clock[0], 1e-9)
-        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr)
+        eps = (self.state.episode - self._clock_episode) / max(time.perf_counter() - self._clock_started, 1e-9)
+        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
         if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
@@ -308,67 +307,148 @@ class OnPolicyTrainer(RolloutSteps):
         fault_point("iteration", self.state.iteration)
         if config.save_steps and self.state.iteration % config.save_steps == 0:
             save_checkpoint(self)
-        if self._agree(stop.requested)[0]:
-            self._stop(stop)
 
-    def _before_update(self, stop: StopRequest, rollout: Rollout, advantages: torch.Tensor) -> tuple[bool, bool]:
-        """(stop now, skip this update): agreed over processes in one all-reduce. A non-finite rollout (logprobs,
+    # ---------------------------------------------------------------------------------------------- safe points
+    def _safe_point_before_update(self, stop: StopRequest, rollout: Rollout, shaped: ShapedRewards,
+                                  start_state: dict[str, Any]) -> bool:
+        """Stop here (checkpoint of the iteration's starting state) if any process got a signal; returns whether
+        to skip the update. Stop and guard flags are agreed in one all-reduce. A non-finite rollout (logprobs,
         reference logprobs, scores, advantages) stops the run, or skips the whole update in skip mode."""
-        flags = guards.rollout_flags(rollout, advantages)
-        agreed = self._agree(stop.requested, *flags.tolist())
-        stop_now, bad = agreed[0], agreed[1:]
+        flags = guards.rollout_flags(rollout, shaped.advantages)
+        stop_now, *bad = self.collectives.any_true(stop.requested, *flags.tolist())
+        if stop_now:
+            self._stop(stop, start_state)
         name = guards.first_flagged(guards.ROLLOUT_TENSORS, bad)
-        if name is None or stop_now:
-            return stop_now, False
+        if name is None:
+            return False
         if not self.config.skip_nonfinite_batches:
             raise guards.nonfinite_error(name, self.state.iteration, " (rollout)")
         self.state.skipped_batches += self.config.num_ppo_epochs * self.config.num_mini_batches
-        return False, True
+        return True
 
-    def _agree(self, *flags: bool) -> list[bool]:
-        """Each flag is True on every process if it is True on any (one all-reduce; none on one process)."""
-        if self.accelerator.num_processes == 1:
-            return [bool(f) for f in flags]
-        local = torch.tensor([int(bool(f)) for f in flags], device=self.accelerator.device)
-        return [bool(v) for v in (self.accelerator.reduce(local, "sum") > 0).tolist()]
+    def _safe_point_after_iteration(self, stop: StopRequest) -> None:
+        if self.collectives.any_true(stop.requested)[0]:
+            self._stop(stop)
 
     def _stop(self, stop: StopRequest, state: dict[str, Any] | None = None) -> None:
         """Commit a checkpoint of `state` (default: the current one) unless it is already saved, then raise."""
         from training_wizard.checkpoint import checkpoints_dir, save_checkpoint
 
-        step = int((state or {"iteration": self.state.iteration})["iteration"])
+        step = int(state["iteration"]) if state is not None else self.state.iteration
         folder = checkpoints_dir(self.config.output_dir) / f"step-{step}"
-        if self._last_saved_step != step:
+        if self.last_saved_step != step:
             folder = save_checkpoint(self, state=state)
         # Ranks that saw no signal themselves stop with the signal the others got (SIGTERM if unknown).
         raise TrainingInterrupted(stop.signum or 15, str(folder), step)
 
-    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats: dict[str, float], eps: float, lr: float) -> dict:
-        reduce = self.accelerator.reduce
+    # ---------------------------------------------------------------------------------------------- update
+    def _update(self, rollout: Rollout, shaped: ShapedRewards) -> dict[str, float]:
+        """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
+
+        `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
+        all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
+        whose engine does its own accumulation). Every mini-batch is exactly gradient_accumulation_steps
+        micro-batches, so accelerate's step counter is a multiple of them at every iteration boundary (which is
+        what makes a checkpoint taken there resume exactly).
+        """
+        config, plan = self.config, self.plan
+        self.policy.train()
+        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        ratios: list[torch.Tensor] = []
+        for epoch in range(config.num_ppo_epochs):
+            order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
+            for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
+                flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)  # non-finite logits, loss
+                for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
+                    index = order[start : start + plan.micro_batch_size]
+                    with self.accelerator.accumulate(*self.checkpoint_models().values()):
+                        ratios.append(self._micro_step(rollout, shaped, index, stats, flags))
+                        if self.accelerator.sync_gradients:
+                            self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
+                fault_point("update", self.state.iteration)
+        summary = {key: float(self.collectives.mean(torch.stack(values).mean().to(self.accelerator.device)))
+                   for key, values in stats.items()}
+        summary.update(self._ratio_summary(ratios))
+        return summary
+
+    def _micro_step(self, rollout, shaped: ShapedRewards, index, stats, flags: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its real ratios (flattened) for val/ratio."""
+        rows = rollout.rows(index)
+        shaped_rows = {name: value[index] for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
+        out = self.micro_batch_loss(rows, shaped_rows)
+        self.accelerator.backward(out.loss)
+        with torch.no_grad():
+            logits = out.logits.detach()
+            entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
+            # numerical guard: one isfinite reduction per tensor, no host sync here
+            flags[0] |= ~guards.all_finite(logits)
+            flags[1] |= ~guards.all_finite(out.loss.detach())
+        for name, value in out.stats.items():
+            stats[name].append(value)
+        stats["policy/entropy_avg"].append(entropy)
+        return out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["response_mask"]]
+
+    def _ratio_summary(self, ratios: list[torch.Tensor]) -> dict[str, float]:
+        """val/ratio and val/ratio_var over every ratio of every process, from sums: processes may hold different
+        numbers of them (token-level ratios count real tokens)."""
+        values = torch.cat(ratios).double().to(self.accelerator.device)
+        sums = self.collectives.sum(torch.stack([values.sum(), (values**2).sum(), values.new_tensor(values.numel())]))
+        count = sums[2].clamp(min=1)
+        mean = sums[0] / count
+        return {"val/ratio": float(mean), "val/ratio_var": float((sums[1] / count - mean**2).clamp(min=0))}
+
+    def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
+        """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
+        config = self.config
+        parameters = [p for model in self.checkpoint_models().values() for p in model.parameters()]
+        if config.max_grad_norm is not None:
+            norm = self.accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+        else:
+            grads = [p.grad.detach() for p in parameters if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
+        checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
+        grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
+        bad = self.collectives.any_true(*torch.cat([flags, grad_bad.to(flags.device)]).tolist())  # all step or skip
+        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad)
+        if name is None:
+            self.optimizer.step()
+        elif config.skip_nonfinite_batches:
+            self.state.skipped_batches += 1
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise guards.nonfinite_error(name, self.state.iteration, where)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ---------------------------------------------------------------------------------------------- metrics
+    def _iteration_metrics(self, rollout: Rollout, shaped: ShapedRewards, update_stats: dict[str, float],
+                           eps: float, lr: float, update_seconds: float) -> dict:
         device = self.accelerator.device
 
         def mean(values: torch.Tensor) -> float:
-            return float(reduce(values.float().mean().to(device), "mean"))
+            return float(self.collectives.mean(values.float().mean().to(device)))
 
+        seconds = {**rollout.timings, "update": update_seconds}
+        timings = {k: float(self.collectives.mean(torch.tensor(v, device=device))) for k, v in seconds.items()}
         tokens = rollout.response_mask.sum().float().to(device)
-        timings = {k: float(reduce(torch.tensor(v, device=device), "mean")) for k, v in rollout.timings.items()}
         metrics = {
             "eps": eps,
-            "objective/kl": mean(shaped["kl"]),
+            "objective/kl": mean(shaped.kl),
             "objective/entropy": mean(-(rollout.logprobs * rollout.response_mask).sum(-1)),
-            "objective/non_score_reward": mean(shaped["non_score_reward"]),
-            "objective/rlhf_reward": mean(shaped["rlhf_reward"]),
+            "objective/non_score_reward": mean(shaped.non_score_reward),
+            "objective/rlhf_reward": mean(shaped.rlhf_reward),
             "objective/scores": mean(rollout.scores),
             **update_stats,
-            "val/clipfrac_avg": 0.0,  # no value model in RLOO; kept so both trainers log the seed's names
-            "val/num_eos_tokens": float(reduce(rollout.has_stop.sum().float().to(device), "sum")),
+            # RLOO has no value model: 0 keeps the seed metric names identical for both trainers.
+            "val/clipfrac_avg": update_stats.get("val/clipfrac_avg", 0.0),
+            "val/num_eos_tokens": float(self.collectives.sum(rollout.has_stop.sum().float().to(device))),
             "completions/mean_length": mean(rollout.response_mask.sum(-1)),
             "lr": lr,
             "episode": self.state.episode,
             "time/generation": timings["generation"] + timings["logprobs"],
             "time/scoring": timings["scoring"],
             "time/update": timings["update"],
-            "tokens_per_s": float(reduce(tokens, "sum")) / max(sum(timings.values()), 1e-9),
+            "tokens_per_s": float(self.collectives.sum(tokens)) / max(sum(timings.values()), 1e-9),
         }
         for name, values in rollout.components.items():
             metrics[f"rewards/{name}"] = mean(torch.tensor(values))
@@ -397,13 +477,12 @@ class OnPolicyTrainer(RolloutSteps):
         real = len(rows)
         rows += [0] * (math.ceil(len(prompts) / world) - real)
         seeds = [row_seed(self.config.seed + 7_919, self.state.iteration, i) for i in rows]
-        rollout = self._generate(prompts, rows, seeds)
-        self._score(rollout, prompts, rows)
+        rollout = self.collector.collect(prompts, rows, seeds, self.state.iteration)
         mask = rollout.response_mask
         kl = (kl_per_token(rollout.logprobs, rollout.ref_logprobs, self.config.kl_estimator) * mask).sum(-1)
         counted = (torch.arange(len(rows), device=mask.device) < real).float()
         totals = torch.stack([(v.float() * counted).sum() for v in (rollout.scores, kl, mask.sum(-1))] + [counted.sum()])
-        totals = self.accelerator.reduce(totals.to(self.accelerator.device), "sum")
+        totals = self.collectives.sum(totals.to(self.accelerator.device))
         count = float(totals[3].clamp(min=1))
         return {
             "eval/scores": float(totals[0]) / count,
@@ -413,12 +492,29 @@ class OnPolicyTrainer(RolloutSteps):
         }
 
 
+def _as_reward(reward_model) -> torch.nn.Module | RewardSpec:
+    if isinstance(reward_model, (torch.nn.Module, RewardSpec)):
+        return reward_model
+    if not callable(reward_model):
+        raise UserError("reward_model: expected a model, a RewardSpec or a callable")
+    return CallableRewardSpec(fn=reward_model)
+
+
+# Dropout rates models keep as plain floats: Llama-family attention copies `config.attention_dropout` onto each
+# attention module when the model is built, so changing the config afterwards would leave it on.
+_DROPOUT_RATE_ATTRIBUTES = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
+                            "attn_pdrop", "dropout_rate", "attention_probs_dropout_prob", "hidden_dropout_prob")
+
+
 def disable_dropout(model: torch.nn.Module) -> None:
     """Dropout off in policy, reference and reward model: logprobs must not change between passes (N+ details)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name in _DROPOUT_RATE_ATTRIBUTES:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
     config = getattr(model, "config", None)
-    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+    for name in _DROPOUT_RATE_ATTRIBUTES:
         if config is not None and isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)

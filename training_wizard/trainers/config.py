@@ -1,6 +1,6 @@
 """Training configs (RLOOConfig) and the batch glossary, derived in one place.
 
-Names and defaults follow seed 000 (TRL's RLOO trainer docs, PPOv2 era); the newer TRL names are accepted as
+Names and defaults follow TRL's RLOO trainer docs (PPOv2 era); the newer TRL names are accepted as
 aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
 
 Batch glossary (DESIGN section 4), all counts of *completions* unless named otherwise:
@@ -30,14 +30,21 @@ def _alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
 
+# The run's folder and seed are defined here once; a recipe sets them at its top level (recipes/base.py reads
+# these descriptions), and its [training] table refuses them.
+OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final model."
+SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
+DEFAULT_SEED = 42
+
+
 class OnPolicyConfig(Spec):
     """Options shared by the on-policy trainers (RLOO now, PPO next)."""
 
     model_config = Spec.model_config | {"populate_by_name": True}
 
     # -- run ---------------------------------------------------------------------------------------------------
-    output_dir: str = Field("runs/training-wizard", description="Where metrics, samples and checkpoints go.")
-    seed: int = Field(42, description="Seed of data order, sampling, dropout-free updates: a run is reproducible.")
+    output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
+    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION)
     # -- batch sizes (see the module docstring) ------------------------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
     gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
@@ -157,7 +164,7 @@ class OnPolicyConfig(Spec):
 
 
 class RLOOConfig(OnPolicyConfig):
-    """RLOO options (seed 000). Defaults are TRL's; the RLOO recipe uses seed 001's (see RLOORecipeConfig)."""
+    """RLOO options (TRL's RLOO trainer docs). Defaults are TRL's; the RLOO recipe uses training-wizard 1.0's (see RLOORecipeConfig)."""
 
     rloo_k: int = Field(
         2,
@@ -182,10 +189,10 @@ class RLOOConfig(OnPolicyConfig):
 
 
 class RLOORecipeConfig(RLOOConfig):
-    """The RLOO recipe's [training] table: seed 001's defaults where they differ from TRL's."""
+    """The RLOO recipe's [training] table: the defaults of training-wizard 1.0's RLOO example README where they differ from TRL's."""
 
-    temperature: PositiveFloat = Field(0.5, description="Sampling temperature (seed 001: lower it if samples are poor).")
-    learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate (seed 001: keep it near 1e-6).")
+    temperature: PositiveFloat = Field(0.5, description="Sampling temperature (training-wizard 1.0's RLOO README: lower it if samples are poor).")
+    learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate (training-wizard 1.0's RLOO README: keep it near 1e-6).")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""What every on-policy recipe (RLOO, PPO) shares: the model, data and reward keys, and the run lifecycle.
+
+`OnPolicyRecipe.main` is the lifecycle, written once: build everything from the specs, print the batch plan (and
+stop there on --dry-run), check output_dir, write the resolved config, resume if asked, train, save the final
+model. A stop signal leaves `train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe
+subclass names its `[training]` config class and builds its trainer (`build_trainer`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+from rich.console import Console
+from rich.table import Table
+
+from training_wizard.errors import UserError
+from training_wizard.recipes.base import Recipe
+from training_wizard.spec import dump_toml, redact_secrets
+from training_wizard.specs.dataset import DataSourceSpec
+from training_wizard.specs.model import TransformerSpec
+from training_wizard.specs.reward import RewardSpec
+from training_wizard.trainers.config import BatchPlan, OnPolicyConfig
+
+
+class OnPolicyRecipe(Recipe):
+    """Model, prompt data and reward of an on-policy run; subclasses add `training` (and their own models)."""
+
+    model: TransformerSpec = Field(description="The policy to train (hub id, local folder, or packaged model).")
+    ref_model: TransformerSpec | None = Field(
+        None, description="Reference model for the KL penalty. Default: the policy's starting weights."
+    )
+    dataset: DataSourceSpec = Field(description="Prompt-only training data.")
+    eval_dataset: DataSourceSpec | None = Field(None, description="Prompts for evaluation every eval_steps.")
+    reward: RewardSpec = Field(description="Scores each completion.")
+    merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
+    training: OnPolicyConfig
+
+    @model_validator(mode="after")
+    def _run_keys_at_the_top_level(self):
+        for key in ("output_dir", "seed"):
+            if key in self.training.model_fields_set:
+                raise ValueError(f"set {key} at the top level of the recipe, not in [training]")
+        return self
+
+    def training_config(self) -> OnPolicyConfig:
+        return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed})
+
+    def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------- the lifecycle
+    def main(self, dry_run: bool = False) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
+        # torch starts each process from a random seed and two runs of one recipe differ.
+        set_seed(self.seed)
+        config = self.training_config()
+        accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        console = Console(quiet=not accelerator.is_main_process)
+        tokenizer = self.model.load_tokenizer()
+        train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
+        plan = config.batch_plan(accelerator.num_processes, len(train_rows))
+        console.print(batch_table(plan))
+        for note in batch_notes(plan, len(train_rows)):
+            console.print(f"note: {note}", soft_wrap=True)
+        if dry_run:
+            self._show_prompts(train_rows, tokenizer, console)
+            return
+        eval_rows = self._load_prompts(self.eval_dataset, "eval_dataset", tokenizer, console) if self.eval_dataset else None
+        if accelerator.is_main_process:
+            check_writable(self.output_dir)
+            self.write_resolved_config()
+        trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
+        warn_long_prompts(trainer, console)
+        if self.resume_from_checkpoint:
+            from training_wizard.checkpoint import resume
+
+            resume(trainer, self.resume_from_checkpoint, console.print)
+        trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
+        save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
+        console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
+
+    def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
+        from training_wizard.specs.dataset import filter_long_prompts, validate_prompts
+
+        dataset = spec.load(label)
+        validate_prompts(dataset, label)
+        if getattr(spec, "filter_length", False):
+            dataset, dropped = filter_long_prompts(dataset, tokenizer, self.training.response_length)
+            console.print(f"{label}: filter_length dropped {dropped} prompt(s) longer than 0.9 x response_length")
+            if len(dataset) == 0:
+                raise UserError(f"{label}: filter_length dropped every prompt; raise training.response_length")
+        return dataset
+
+    def _show_prompts(self, rows, tokenizer, console: Console) -> None:
+        from training_wizard.rollout.prompts import render_prompt
+
+        for index in range(min(3, len(rows))):
+            text = tokenizer.decode(render_prompt(tokenizer, rows[index]["prompt"]))
+            console.rule(f"prompt {index}")
+            console.print(text, markup=False, highlight=False)
+
+    def write_resolved_config(self) -> Path:
+        """output_dir/resolved_config.toml: every key with its value in effect, secrets redacted."""
+        path = Path(self.output_dir) / "resolved_config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = redact_secrets(self.to_dict())
+        data["recipe_class"] = data.pop("spec_class")
+        for key in ("output_dir", "seed"):  # top-level keys; [training] must not repeat them
+            data["training"].pop(key, None)
+        path.write_text(dump_toml(data), encoding="utf-8")
+        return path
+
+
+def check_writable(output_dir: str) -> None:
+    """Create output_dir and write a probe file there, so an unusable folder is one line before any model loads."""
+    folder = Path(output_dir)
+    probe = folder / f".write-check-{uuid.uuid4().hex}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"output_dir: cannot create or write '{output_dir}' ({reason}); choose a writable folder") from None
+
+
+def batch_notes(plan: BatchPlan, dataset_rows: int) -> list[str]:
+    """What a batch larger than the run or the dataset will do, said once at the start."""
+    notes = []
+    if plan.batch_size > plan.total_episodes:
+        notes.append(f"one iteration is batch_size = {plan.batch_size} completions, more than total_episodes "
+                     f"({plan.total_episodes}): the run trains 1 iteration of {plan.batch_size} completions")
+    if plan.prompts_per_iteration > dataset_rows:
+        notes.append(f"each iteration takes {plan.prompts_per_iteration} prompts but the dataset has {dataset_rows}: "
+                     "prompts repeat within an iteration")
+    return notes
+
+
+def warn_long_prompts(trainer, console: Console) -> None:
+    """Prompts longer than the model's context minus response_length run past the positions it was trained on
+    (RoPE models accept them silently): say how many, once."""
+    limit = getattr(getattr(trainer.unwrapped_policy, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    room = limit - trainer.config.response_length
+    too_long = sum(len(ids) > room for ids in trainer.train_prompts.input_ids)
+    if too_long:
+        console.print(f"warning: {too_long} prompt(s) are longer than max_position_embeddings ({limit}) minus "
+                      f"response_length ({trainer.config.response_length}); set dataset.filter_length = true or "
+                      "shorten them", soft_wrap=True)
+
+
+def batch_table(plan: BatchPlan) -> Table:
+    table = Table(title="batch plan (completions unless noted)")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    for name, value in plan.rows():
+        table.add_row(name, str(value))
+    return table
+
+
+def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
+    """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
+    collectives = trainer.collectives
+    collectives.barrier()
+    state_dict: dict[str, Any] | None = collectives.full_state_dict(trainer.policy)
+    if collectives.is_main:
+        model = trainer.accelerator.unwrap_model(trainer.policy)
+        if merge_lora and hasattr(model, "merge_and_unload"):
+            if state_dict is not None:
+                model.load_state_dict(state_dict)
+                state_dict = None
+            model = model.merge_and_unload()
+        model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+        trainer.tokenizer.save_pretrained(folder)
+    collectives.barrier()

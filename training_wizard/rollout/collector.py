@@ -1,0 +1,209 @@
+"""The rollout collector: steps 2-5 of an iteration (DESIGN section 1) for a batch of prompt rows.
+
+  2. sample completions with the policy                      rollout/generation.py
+  3. truncate at the stop token and mask what follows         core/masking.py
+  4. logprobs of the policy ("old") and the reference         rollout/scoring.py, + any extra per-token pass
+  5. score with the reward (+ missing_eos_penalty)            specs/reward.py or a sequence classifier
+
+`collect` returns a complete, immutable `Rollout`. Another algorithm adds per-token passes over the same
+(prompt, response) batch through `extra_passes` (PPO's value model: `{"values": fn}`) without editing this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from training_wizard.collectives import Collectives
+from training_wizard.core.masking import truncate_after_stop
+from training_wizard.errors import UserError
+from training_wizard.rollout.generation import GenerationParams, generate
+from training_wizard.rollout.prompts import EncodedPrompts
+from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
+from training_wizard.signals import fault_point
+
+# fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
+ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What the collector needs from the training config."""
+
+    response_length: int
+    temperature: float
+    stop_token_id: int | None
+    pad_token_id: int
+    forward_batch_size: int  # local_rollout_forward_batch_size
+    missing_eos_penalty: float | None = None
+    gather_weights_for_generation: bool = True  # ds3_gather_for_generation
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The token tensors of a sampled batch, before scoring (shapes as in `Rollout`)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    responses: torch.Tensor
+    mask: torch.Tensor
+    has_stop: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RolloutModel:
+    """The model the no-grad rollout passes use, the context to run them in, and whether its weights are sharded
+    (then every forward pass is a collective, so every process must run the same number of them)."""
+
+    model: torch.nn.Module
+    context: Any
+    sharded: bool
+
+
+def rollout_model(accelerator, policy: torch.nn.Module, gather_weights: bool) -> RolloutModel:
+    """Plain data parallel: the unwrapped model. DeepSpeed ZeRO-3 with `ds3_gather_for_generation`: the unwrapped
+    model inside `GatheredParameters`. ZeRO-3 without it, and FSDP: the sharded model itself, whose forward passes
+    gather weights layer by layer."""
+    state = accelerator.state
+    unwrapped = accelerator.unwrap_model(policy)
+    plugin = getattr(state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        if gather_weights:
+            import deepspeed
+
+            return RolloutModel(unwrapped, deepspeed.zero.GatheredParameters(list(policy.parameters())), False)
+        return RolloutModel(unwrapped, contextlib.nullcontext(), True)
+    if getattr(state, "fsdp_plugin", None) is not None:
+        return RolloutModel(policy, contextlib.nullcontext(), True)
+    return RolloutModel(unwrapped, contextlib.nullcontext(), False)
+
+
+class RolloutCollector:
+    """Samples, masks, computes logprobs and scores one batch of prompt rows on this process.
+
+    policy: the (accelerate-prepared) policy; ref_policy: a frozen reference, or None to use the policy with its
+    LoRA adapter disabled; reward: a sequence classifier sharing the policy's tokenizer, or a RewardSpec.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator,
+        collectives: Collectives,
+        tokenizer,
+        settings: SamplingSettings,
+        policy: torch.nn.Module,
+        ref_policy: torch.nn.Module | None,
+        reward,
+        extra_passes: Mapping[str, ExtraPass] | None = None,
+    ):
+        self.accelerator = accelerator
+        self.collectives = collectives
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.policy = policy
+        self.ref_policy = ref_policy
+        self.reward = reward
+        self.extra_passes = dict(extra_passes or {})
+
+    def collect(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int) -> Rollout:
+        """A complete Rollout for dataset rows `rows` (with their sampling seeds) at iteration `step`."""
+        settings, pad = self.settings, self.settings.pad_token_id
+        started = time.perf_counter()
+        prompt_ids, prompt_mask = (t.to(self.accelerator.device) for t in prompts.left_pad(rows, pad))
+        engine = rollout_model(self.accelerator, self.policy, settings.gather_weights_for_generation)
+        engine.model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
+        with engine.context:
+            responses, mask, has_stop = self._sample(engine, prompt_ids, prompt_mask, seeds)
+            generated = time.perf_counter()
+            logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses)
+            ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses)
+            extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
+        timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
+        fault_point("generation", step)
+        if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
+            has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
+        completions = self.tokenizer.batch_decode(
+            torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
+        )
+        queries = [prompts.queries[i] for i in rows]
+        scored = time.perf_counter()
+        sampled = Sampled(prompt_ids, prompt_mask, responses, mask, has_stop)
+        scores, components = self._score(prompts, rows, queries, completions, sampled, step)
+        timings["scoring"] = time.perf_counter() - scored
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=mask,
+            has_stop=has_stop, logprobs=logprobs, ref_logprobs=ref_logprobs, scores=scores, queries=queries,
+            completions=completions, components=components, extras=extras, timings=timings,
+        )
+
+    def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds):
+        """Responses (B, T) truncated after the stop token, their mask, and whether each has the stop token."""
+        settings, pad = self.settings, self.settings.pad_token_id
+        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad)
+        all_finished = self.collectives.all_true if engine.sharded else None
+        step = settings.forward_batch_size
+        chunks = [
+            generate(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
+                     seeds[start : start + step], all_finished)
+            for start in range(0, prompt_ids.shape[0], step)
+        ]
+        # One width on every process: token-level statistics gather (B, T) tensors across processes.
+        width = self.collectives.max_int(max(chunk.shape[1] for chunk in chunks))
+        raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
+        return truncate_after_stop(raw, settings.stop_token_id, pad)
+
+    def _logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+        settings = self.settings
+        return batched_logprobs(
+            model, prompt_ids, prompt_mask, responses, settings.temperature, settings.forward_batch_size
+        )
+
+    def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+        if self.ref_policy is not None:
+            return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses)
+        with self.accelerator.unwrap_model(self.policy).disable_adapter():  # LoRA: the base model is the reference
+            return self._logprobs(model, prompt_ids, prompt_mask, responses)
+
+    def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int):
+        """(scores (B,) float32 after missing_eos_penalty, reward components). A reward error on any process
+        stops every process with its message."""
+        prompt_ids, prompt_mask, responses, mask, has_stop = (
+            sampled.prompt_ids, sampled.prompt_mask, sampled.responses, sampled.mask, sampled.has_stop
+        )
+        components: dict[str, list[float]] = {}
+        if isinstance(self.reward, torch.nn.Module):
+            scores = classifier_scores(
+                self.reward, prompt_ids, prompt_mask, responses, mask, self.settings.pad_token_id,
+                self.settings.forward_batch_size,
+            )
+        else:
+            columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
+            columns["completion_has_eos"] = has_stop.tolist()
+            if getattr(self.reward, "needs_raw_text", False):
+                columns.update(self._raw_text(prompt_ids, prompt_mask, responses, mask))
+            error, totals = None, []
+            try:
+                totals, components = self.reward.score(queries, completions, columns, step=step)
+            except UserError as exc:
+                error = str(exc)
+            self.collectives.raise_if_any_failed(error)
+            scores = torch.tensor(totals, dtype=torch.float32, device=responses.device)
+        if self.settings.missing_eos_penalty is not None:
+            scores = scores - self.settings.missing_eos_penalty * (~has_stop).float()
+        return scores.float(), components
+
+    def _raw_text(self, prompt_ids, prompt_mask, responses, mask) -> dict[str, list[str]]:
+        """For rewards written against the raw text (`RewardSpec.needs_raw_text`): the prompt as the model saw it
+        (chat template and special tokens included) and the completion with its special tokens (the stop token
+        included)."""
+        decode = self.tokenizer.decode
+        return {
+            "templated_prompts": [decode(ids[keep]) for ids, keep in zip(prompt_ids, prompt_mask)],
+            "raw_completions": [decode(ids[keep]) for ids, keep in zip(responses, mask)],
+        }
