@@ -168,19 +168,24 @@ class OnPolicyTrainer:
         return None
 
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None) -> None:
+        """Dropout off everywhere; the reference (a frozen copy, or the LoRA policy with its adapter disabled);
+        one AdamW over every trained model (`trained_models`: the policy, plus PPO's value model) prepared with
+        accelerate together, so one accumulation context and one gradient clip cover all of them."""
         config = self.config
-        for model in (policy, ref_policy, self.reward if isinstance(self.reward, torch.nn.Module) else None):
+        unprepared = {"model": policy, **self.additional_trained_models()}
+        for model in (*unprepared.values(), ref_policy, self.reward if isinstance(self.reward, torch.nn.Module) else None):
             if model is not None:
                 disable_dropout(model)
         self.uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
         if ref_policy is None and not self.uses_adapter_as_reference:
             ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
         if config.gradient_checkpointing:
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(policy, "enable_input_require_grads"):
-                policy.enable_input_require_grads()
-        params = [p for p in policy.parameters() if p.requires_grad]
-        if not params:
+            for model in unprepared.values():
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if hasattr(model, "enable_input_require_grads"):
+                    model.enable_input_require_grads()
+        params = [p for model in unprepared.values() for p in model.parameters() if p.requires_grad]
+        if not any(p.requires_grad for p in policy.parameters()):
             raise UserError("model: the policy has no trainable parameters")
         optimizer = torch.optim.AdamW(
             params,
@@ -194,7 +199,9 @@ class OnPolicyTrainer:
         warmup = config.warmup_steps or int(config.warmup_ratio * self.plan.num_iterations)
         scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, self.plan.num_iterations)
         self._configure_deepspeed()
-        self.policy, self.optimizer = self.accelerator.prepare(policy, optimizer)
+        *prepared, self.optimizer = self.accelerator.prepare(*unprepared.values(), optimizer)
+        self.trained_models = dict(zip(unprepared, prepared))
+        self.policy = self.trained_models["model"]
         self.lr_scheduler = scheduler
         self.ref_policy = None
         if ref_policy is not None:
@@ -220,9 +227,14 @@ class OnPolicyTrainer:
 
     def checkpoint_models(self) -> dict[str, torch.nn.Module]:
         """The trained models a checkpoint saves, by folder name (the policy in `model/`)."""
-        return {"model": self.policy}
+        return self.trained_models
 
     # ---------------------------------------------------------------------------------------------- hooks
+    def additional_trained_models(self) -> dict[str, torch.nn.Module]:
+        """Models trained beside the policy with the same optimizer, by checkpoint folder name (PPO: the value
+        model). Called once during set-up, before accelerate prepares them."""
+        return {}
+
     def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
         """Per-token no-grad passes the collector adds to the rollout (PPO: values). None by default."""
         return {}
@@ -352,7 +364,8 @@ class OnPolicyTrainer:
         what makes a checkpoint taken there resume exactly).
         """
         config, plan = self.config, self.plan
-        self.policy.train()
+        for model in self.trained_models.values():
+            model.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         ratios: list[torch.Tensor] = []
         for epoch in range(config.num_ppo_epochs):
@@ -361,7 +374,7 @@ class OnPolicyTrainer:
                 flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)  # non-finite logits, loss
                 for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
                     index = order[start : start + plan.micro_batch_size]
-                    with self.accelerator.accumulate(*self.checkpoint_models().values()):
+                    with self.accelerator.accumulate(*self.trained_models.values()):
                         ratios.append(self._micro_step(rollout, shaped, index, stats, flags))
                         if self.accelerator.sync_gradients:
                             self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
@@ -400,7 +413,7 @@ class OnPolicyTrainer:
     def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
         """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
         config = self.config
-        parameters = [p for model in self.checkpoint_models().values() for p in model.parameters()]
+        parameters = [p for model in self.trained_models.values() for p in model.parameters()]
         if config.max_grad_norm is not None:
             norm = self.accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
         else:
