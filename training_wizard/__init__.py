@@ -10,10 +10,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "RLOOConfig": "training_wizard.trainers.config",
     "RLOOTrainer": "training_wizard.trainers.rloo",
+    "PPOConfig": "training_wizard.trainers.config",
+    "PPOTrainer": "training_wizard.trainers.ppo",
     "load_recipe": "training_wizard.recipes.base",
 }
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "load_recipe", "__version__"]
+__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "load_recipe", "__version__"]
 
 
 def __getattr__(name: str):

@@ -21,9 +21,10 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 
 def _sections() -> list[tuple[str, str, list[type]]]:
+    from training_wizard.recipes.ppo import PPORecipe
     from training_wizard.recipes.rloo import RLOORecipe
     from training_wizard.specs import dataset, model, reward, text_metrics
-    from training_wizard.trainers.config import RLOOConfig, RLOORecipeConfig
+    from training_wizard.trainers.config import PPOConfig, RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -31,10 +32,12 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         return sorted(found, key=lambda cls: (cls is not base, cls.__name__))
 
     return [
-        ("Recipe (top level)", "The keys outside any table, plus the tables below.", [RLOORecipe]),
-        ("[model], [ref_model]", "", [model.TransformerSpec, model.LoraSpec]),
-        ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (the defaults of training-wizard 1.0's RLOO example README); the Python API's "
-         "`RLOOConfig` has TRL's.", [RLOORecipeConfig, RLOOConfig]),
+        ("Recipe (top level)", "The keys outside any table, plus the tables below. `recipe_class = \"rloo\"` or "
+         "`\"ppo\"`; the PPO recipe adds `[value_model]`.", [RLOORecipe, PPORecipe]),
+        ("[model], [ref_model], [value_model]", "", [model.TransformerSpec, model.LoraSpec]),
+        ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (the defaults of training-wizard 1.0's RLOO example "
+         "README); the Python API's `RLOOConfig` has TRL's. The PPO recipe and the Python API use `PPOConfig` "
+         "(TRL's PPOv2 defaults).", [RLOORecipeConfig, RLOOConfig, PPOConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

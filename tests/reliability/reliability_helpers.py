@@ -59,14 +59,19 @@ def distinct(prompts, completions, **columns):
 '''
 
 
-def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "") -> Path:
+def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algorithm: str = "rloo") -> Path:
+    """The reliability recipe for `algorithm` "rloo" or "ppo" (PPO: one completion per prompt, so 8 prompts per
+    iteration from the 6-prompt dataset, and a value model that starts from the policy)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "prompts.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(6)) + "\n")
         (folder / "rel_rewards.py").write_text(REWARDS)
     recipe = folder / f"{name}.toml"
-    recipe.write_text(RECIPE.format(out=folder / name, model=model_dir, data=data) + extra)
+    text = RECIPE.format(out=folder / name, model=model_dir, data=data)
+    if algorithm == "ppo":
+        text = text.replace('recipe_class = "rloo"', 'recipe_class = "ppo"').replace("rloo_k = 2\n", "")
+    recipe.write_text(text + extra)
     return recipe
 
 
@@ -145,9 +150,11 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def checkpoint_payload(folder: Path) -> dict:
-    """Weights, optimizer, scheduler and run state of a checkpoint (all plain data)."""
+    """Weights (the policy's, and PPO's value model's), optimizer, scheduler and run state of a checkpoint."""
+    models = {name: load_file(str(folder / name / "model.safetensors"))
+              for name in ("model", "value_model") if (folder / name).is_dir()}
     return {
-        "model": load_file(str(folder / "model" / "model.safetensors")),
+        **models,
         "optimizer": torch.load(folder / "optimizer.pt", weights_only=True),
         "scheduler": torch.load(folder / "scheduler.pt", weights_only=True),
         "state": torch.load(folder / "trainer_state.pt", weights_only=True)["trainer"],

@@ -61,3 +61,26 @@ def test_trl_style_script_builds_the_same_recipe(tmp_path, tiny_model_dir):
     assert len(metrics) == 2 and metrics[-1]["episode"] == 8
     bad = subprocess.run([*argv, "--rloo_kk", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--rloo_kk" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_ppo_script_takes_the_ppov2_docs_flags(tmp_path, tiny_model_dir):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"Describe a {w} day."}) for w in ["sunny", "rainy", "calm", "busy"]))
+    reward = _tiny_reward_model(tmp_path / "rm")
+    argv = [
+        sys.executable, str(ROOT / "examples" / "scripts" / "ppo.py"),
+        "--dataset_name", str(data), "--learning_rate", "3e-6", "--num_ppo_epochs", "1", "--num_mini_batches", "1",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--total_episodes", "8",
+        "--model_name_or_path", str(tiny_model_dir), "--sft_model_path", str(tiny_model_dir),
+        "--reward_model_path", str(reward), "--local_rollout_forward_batch_size", "2", "--non_eos_penalty",
+        "--stop_token", "eos", "--output_dir", str(tmp_path / "out"), "--response_length", "5",
+    ]
+    printed = subprocess.run([*argv, "--print_recipe"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert printed.returncode == 0, printed.stderr
+    recipe = tomllib.loads(printed.stdout)
+    assert recipe["recipe_class"] == "ppo" and recipe["training"]["non_eos_penalty"] is True
+    assert recipe["model"]["pretrained_name"] == str(tiny_model_dir)
+    trained = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and metrics[-1]["episode"] == 8 and metrics[-1]["loss/value_avg"] > 0

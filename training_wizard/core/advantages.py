@@ -93,7 +93,7 @@ class ShapedRewards:
 
     advantages: (B,) for sequence-level KL, (B, T) (zero on masked positions) for token-level KL or PPO.
     kl: (B,) summed per-token KL estimate; non_score_reward: (B,) the KL part of the reward;
-    rlhf_reward: (B,) score + non_score_reward, before any scaling. `returns` and `values` are PPO's (B, T).
+    rlhf_reward: (B,) score + non_score_reward, before any scaling. `returns`: PPO's value targets (B, T).
     """
 
     advantages: torch.Tensor
@@ -101,7 +101,6 @@ class ShapedRewards:
     non_score_reward: torch.Tensor
     rlhf_reward: torch.Tensor
     returns: torch.Tensor | None = None
-    values: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

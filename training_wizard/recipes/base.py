@@ -13,6 +13,7 @@ from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION
 
 RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
+    "ppo": "training_wizard.recipes.ppo.PPORecipe",
 }
 
 
@@ -43,7 +44,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 def _recipe_class(name: Any, path: Path) -> type[Recipe]:
     if name is None:
-        raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo' or 'pkg.mod.Class')")
+        raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo', 'ppo' or 'pkg.mod.Class')")
     if not isinstance(name, str):
         raise UserError(f"{path}: recipe_class: expected a string such as 'rloo', got {type(name).__name__}")
     from training_wizard.spec import _add_import_roots

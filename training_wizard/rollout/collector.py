@@ -40,7 +40,8 @@ class SamplingSettings:
     stop_token_id: int | None
     pad_token_id: int
     forward_batch_size: int  # local_rollout_forward_batch_size
-    missing_eos_penalty: float | None = None
+    missing_eos_penalty: float | None = None  # subtracted from the score of a completion without the stop token
+    score_without_stop: float | None = None  # PPO's non_eos_penalty: such a completion's score is replaced by this
     gather_weights_for_generation: bool = True  # ds3_gather_for_generation
 
 
@@ -194,6 +195,8 @@ class RolloutCollector:
                 error = str(exc)
             self.collectives.raise_if_any_failed(error)
             scores = torch.tensor(totals, dtype=torch.float32, device=responses.device)
+        if self.settings.score_without_stop is not None:
+            scores = torch.where(has_stop, scores, torch.full_like(scores, self.settings.score_without_stop))
         if self.settings.missing_eos_penalty is not None:
             scores = scores - self.settings.missing_eos_penalty * (~has_stop).float()
         return scores.float(), components

@@ -229,6 +229,11 @@ class ModelRewardSpec(RewardSpec):
             self._model, self._tokenizer = model.eval(), tokenizer
         return self._model, self._tokenizer
 
+    def shares_vocabulary(self, tokenizer: Any) -> bool:
+        """True when this reward model reads the same token ids as `tokenizer` (the policy's): only then can it
+        start PPO's value model, which reads the policy's tokens."""
+        return self.load()[1].get_vocab() == tokenizer.get_vocab()
+
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         import torch
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec
@@ -106,7 +106,11 @@ class OnPolicyConfig(Spec):
     cliprange: PositiveFloat = Field(
         0.2, description="PPO ratio clipping range. Newer TRL name: epsilon.", validation_alias=_alias("cliprange", "epsilon")
     )
-    whiten_rewards: bool = Field(False, description="Scale rewards by their batch standard deviation (mean kept).")
+    whiten_rewards: bool = Field(
+        False,
+        description="RLOO: multiply the rewards by 1 / their standard deviation over the batch (the mean is scaled "
+        "too). PPO: whiten the per-token rewards over the batch's real tokens (std 1, mean kept).",
+    )
     # -- logging, evaluation, saving ----------------------------------------------------------------------------
     logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
     num_sample_generations: int = Field(
@@ -193,6 +197,32 @@ class RLOORecipeConfig(RLOOConfig):
 
     temperature: PositiveFloat = Field(0.5, description="Sampling temperature (training-wizard 1.0's RLOO README: lower it if samples are poor).")
     learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate (training-wizard 1.0's RLOO README: keep it near 1e-6).")
+
+
+class PPOConfig(OnPolicyConfig):
+    """PPO options (TRL's PPOv2 docs; "The N+ Implementation Details of RLHF with PPO"). Defaults are TRL's.
+
+    One completion per prompt; per-token KL rewards with the score at the last real token; GAE advantages from a
+    value model, whitened over the batch; a clipped value loss weighted by vf_coef.
+    """
+
+    cliprange_value: PositiveFloat = Field(0.2, description="Clip range of the value update around the old values.")
+    vf_coef: NonNegativeFloat = Field(0.1, description="Weight of the value loss in the total loss.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount factor of GAE.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="Lambda of GAE (bias-variance trade-off of advantages).")
+    non_eos_penalty: bool = Field(
+        False,
+        description="The older spelling of the EOS trick: replace the score of a completion without the stop token "
+        "by penalty_reward_value (missing_eos_penalty subtracts instead).",
+    )
+    penalty_reward_value: float = Field(-1.0, description="The score given by non_eos_penalty.")
+
+    @model_validator(mode="after")
+    def _one_eos_trick(self) -> PPOConfig:
+        if self.non_eos_penalty and self.missing_eos_penalty is not None:
+            raise ValueError("set either non_eos_penalty (replace the score) or missing_eos_penalty (subtract from "
+                             "it), not both")
+        return self
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,112 @@
+"""PPOTrainer: PPO with a value model on the shared on-policy loop (TRL's PPOv2; "The N+ Implementation Details of
+RLHF with PPO", Huang et al. 2024).
+
+What PPO adds to the loop in trainers/base.py:
+- the value model, trained beside the policy with the same optimizer (`additional_trained_models`);
+- its values of every response token, computed during the rollout (`extra_rollout_passes`);
+- per-token KL rewards, GAE advantages (whitened) and returns (`shape_rewards`, math in core/ppo.py);
+- the clipped value loss added to the policy loss (`micro_batch_loss`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+from training_wizard.core.advantages import ShapedRewards, local_moments
+from training_wizard.core.logprobs import selective_logprobs
+from training_wizard.core.losses import clipped_surrogate_token
+from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
+from training_wizard.rollout.collector import SamplingSettings
+from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.scoring import response_logits
+from training_wizard.rollout.value import value_logits
+from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
+from training_wizard.trainers.config import PPOConfig
+
+
+class PPOTrainer(OnPolicyTrainer):
+    """One completion per prompt, a value model as baseline, advantages by GAE.
+
+    `PPOTrainer(config=PPOConfig(...), tokenizer=..., policy=..., ref_policy=..., reward_model=...,
+    value_model=..., train_dataset=..., eval_dataset=...)`, then `.train()`. `value_model` is a sequence
+    classifier with one output (`num_labels=1`) sharing the policy's tokenizer; its output is read at every response
+    token. Without it, a copy of `reward_model` is used when that is a model (as the N+ paper does), otherwise the
+    policy's weights with a new scalar head (`specs.value_model.value_model_from_policy`).
+
+    Policy and value train with one AdamW (as TRL's PPOv2 does, through one wrapper module): one learning-rate
+    schedule, one gradient clip over both, one accumulation context, and one optimizer state to checkpoint.
+    """
+
+    config: PPOConfig
+
+    def __init__(self, config: PPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
+                 value_model: torch.nn.Module | None = None, eval_dataset=None, accelerator=None):
+        self._value_model_input = value_model if value_model is not None else _default_value_model(policy, reward_model)
+        super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
+                         train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
+                         accelerator=accelerator)
+        self.value_model = self.trained_models["value_model"]
+        del self._value_model_input
+
+    # -- hooks of the shared loop -------------------------------------------------------------------------------
+    def additional_trained_models(self) -> dict[str, torch.nn.Module]:
+        return {"value_model": self._value_model_input}
+
+    def _sampling_settings(self) -> SamplingSettings:
+        settings = super()._sampling_settings()
+        if not self.config.non_eos_penalty:
+            return settings
+        from dataclasses import replace
+
+        return replace(settings, score_without_stop=self.config.penalty_reward_value)
+
+    def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
+        def values(prompt_ids, prompt_mask, responses):
+            model = self.accelerator.unwrap_model(self.trained_models["value_model"])
+            model.eval()
+            with torch.no_grad():
+                return value_logits(model, prompt_ids, prompt_mask, responses)
+
+        return {"values": values}
+
+    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+        config = self.config
+        options = PPOShaping(kl_coef=config.kl_coef, kl_estimator=config.kl_estimator, gamma=config.gamma,
+                             lam=config.lam, whiten_rewards=config.whiten_rewards)
+        return ppo_shaped_rewards(
+            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.extras["values"], rollout.response_mask,
+            options, moments=self.collectives.global_moments(local_moments),
+        )
+
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
+        config, mask = self.config, rows["response_mask"]
+        logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        logprobs = selective_logprobs(logits, rows["responses"], config.temperature)
+        policy_out = clipped_surrogate_token(logprobs, rows["logprobs"], shaped["advantages"], mask, config.cliprange)
+        values = value_logits(self.value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
+                                                        config.cliprange_value)
+        stats = {
+            "loss/policy_avg": policy_out.loss.detach(),
+            "policy/approxkl_avg": policy_out.approxkl,
+            "policy/clipfrac_avg": policy_out.clipfrac,
+            "loss/value_avg": value_loss.detach(),
+            "val/clipfrac_avg": value_clipfrac.detach(),
+        }
+        loss = policy_out.loss + config.vf_coef * value_loss
+        return MicroBatchLoss(loss=loss, logits=logits, ratio=policy_out.ratio, stats=stats)
+
+
+def _default_value_model(policy: torch.nn.Module, reward_model) -> torch.nn.Module:
+    """A copy of the reward model when it is one (N+ paper: the value starts from the reward model), otherwise the
+    policy's weights with a new scalar head."""
+    if isinstance(reward_model, torch.nn.Module):
+        value = copy.deepcopy(reward_model)
+        value.requires_grad_(True)
+        return value
+    from training_wizard.specs.value_model import value_model_from_policy
+
+    return value_model_from_policy(policy)
