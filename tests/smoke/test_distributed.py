@@ -61,16 +61,20 @@ def free_port() -> int:
 
 
 def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false", overrides=(),
-           env_extra=None):
+           env_extra=None, algorithm="rloo"):
     data = tmp_path / "prompts.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(12)))
         (tmp_path / "dp_rewards.py").write_text(REWARDS)
     accumulation = 2 // processes  # same global batch: 2 x 4 x 1 == 1 x 4 x 2
     recipe = tmp_path / f"{name}.toml"
-    recipe.write_text(RECIPE.format(
+    text = RECIPE.format(
         out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation, token_level=token_level
-    ))
+    )
+    if algorithm == "ppo":  # one completion per prompt; advantages are always whitened, per token
+        text = text.replace('"rloo"', '"ppo"').replace("rloo_k = 2\n", "").replace("normalize_advantage = true\n", "")
+        text = text.replace(f"token_level_kl = {token_level}\n", "")
+    recipe.write_text(text)
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path),
            **(env_extra or {})}
     if processes == 1:
@@ -88,12 +92,13 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("token_level", ["false", "true"], ids=["sequence_kl", "token_level_kl"])
-def test_two_processes_match_one_process(tmp_path, tiny_model_dir, token_level):
-    # token_level_kl gathers (B, T) tensors and token-count-dependent statistics across processes
-    single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level)
+@pytest.mark.parametrize("algorithm, token_level", [("rloo", "false"), ("rloo", "true"), ("ppo", "false")],
+                         ids=["sequence_kl", "token_level_kl", "ppo"])
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level):
+    # token_level_kl and PPO gather (B, T) tensors and token-count-dependent statistics across processes
+    single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level, algorithm=algorithm)
     assert single.returncode == 0, single.stderr[-3000:]
-    double = launch(tmp_path, tiny_model_dir, "double", 2, token_level=token_level)
+    double = launch(tmp_path, tiny_model_dir, "double", 2, token_level=token_level, algorithm=algorithm)
     assert double.returncode == 0, double.stderr[-3000:]
 
     a = load_file(str(tmp_path / "single" / "model" / "model.safetensors"))
@@ -107,9 +112,12 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, token_level):
 
     m1, m2 = read_jsonl(tmp_path / "single" / "metrics.jsonl"), read_jsonl(tmp_path / "double" / "metrics.jsonl")
     assert len(m1) == len(m2) == 3  # 24 episodes / 8 per iteration; rank 1 wrote nothing extra
+    keys = ["objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg", "val/ratio",
+            "policy/approxkl_avg", "val/num_eos_tokens", "episode", "lr"]
+    if algorithm == "ppo":
+        keys += ["loss/value_avg", "val/clipfrac_avg"]
     for r1, r2 in zip(m1, m2):
-        for key in ("objective/scores", "objective/kl", "objective/rlhf_reward", "loss/policy_avg", "val/ratio",
-                    "policy/approxkl_avg", "val/num_eos_tokens", "episode", "lr"):
+        for key in keys:
             assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
     samples = read_jsonl(tmp_path / "double" / "samples.jsonl")
     assert len(samples) == 3 * 4  # three tables of four rows, from rank 0 only

@@ -114,3 +114,21 @@ def test_lora_policy_and_value_train_only_adapters_and_head(tokenizer, tmp_path)
     before = {name: p.detach().clone() for name, p in value.named_parameters() if p.requires_grad}
     trainer.train()
     assert any(not torch.equal(before[n], p) for n, p in value.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_value_logits_read_the_head_at_the_position_before_each_response_token(tokenizer, arch):
+    from training_wizard.rollout.value import value_logits
+    from training_wizard.specs.value_model import value_model_from_policy
+
+    value = value_model_from_policy(build_causal_lm(tokenizer, arch=arch))
+    torch.nn.init.normal_(value.score.weight)  # a non-zero head, so the values say something
+    prompt = torch.tensor([[tokenizer.pad_token_id, 11, 12], [21, 22, 23]])
+    prompt_mask = prompt != tokenizer.pad_token_id
+    responses = torch.tensor([[31, 32], [41, 42]])
+    values = value_logits(value, prompt, prompt_mask, responses)
+    # row 1 by hand, no padding: positions 2 (last prompt token) and 3 predict the two response tokens
+    hidden = value.model(input_ids=torch.tensor([[21, 22, 23, 41, 42]])).last_hidden_state
+    torch.testing.assert_close(values[1], value.score(hidden[0, 2:4]).squeeze(-1))
+    changed = value_logits(value, prompt, prompt_mask, torch.tensor([[31, 99], [41, 99]]))
+    torch.testing.assert_close(changed, values)  # the last response token never changes a value

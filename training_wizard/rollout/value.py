@@ -17,9 +17,16 @@ def value_logits(value_model: torch.nn.Module, prompt_ids, prompt_mask, response
     """
     ids = torch.cat([prompt_ids, responses], dim=1)
     mask = torch.cat([prompt_mask.long(), torch.ones_like(responses)], dim=1)
-    model = value_model.get_base_model() if hasattr(value_model, "get_base_model") else value_model
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                      use_cache=False).last_hidden_state
+    # Through the model's own forward (not its backbone directly): a data-parallel wrapper only synchronises the
+    # gradients of a forward pass it ran. That forward also pools one logit per row, which goes unused.
+    out = value_model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                      output_hidden_states=True, use_cache=False)
     keep = responses.shape[1] + 1
-    return model.score(hidden[:, -keep:-1]).squeeze(-1).float()
+    return _score_head(value_model)(out.hidden_states[-1][:, -keep:-1]).squeeze(-1).float()
+
+
+def _score_head(value_model: torch.nn.Module) -> torch.nn.Module:
+    """The classifier's `score` layer under any wrappers (DistributedDataParallel's `module`, peft's base model)."""
+    model = getattr(value_model, "module", value_model)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return model.score
