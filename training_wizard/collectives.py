@@ -47,9 +47,14 @@ class Collectives:
         local = torch.tensor([int(bool(flag)) for flag in flags], device=self.device)
         return [bool(v) for v in (self.accelerator.reduce(local, "sum") > 0).tolist()]
 
+    def any_process(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (a stop request seen by one process stops all)."""
+        (anywhere,) = self.any_true(flag)
+        return anywhere
+
     def all_true(self, flag: bool) -> bool:
         """True when `flag` is True on every process (the sharded decoding loop asks "is everyone done?")."""
-        return not self.any_true(not flag)[0]
+        return not self.any_process(not flag)
 
     def max_int(self, value: int) -> int:
         """The largest `value` over processes: every process pads its response batch to the same width, so the

@@ -1,10 +1,9 @@
 """Sampling completions with a KV cache, randomness keyed per row.
 
-Each row draws its noise from its own `torch.Generator`, seeded from (run seed, iteration, prompt slot, sample
-index) by the caller. A prompt therefore gets the same completions whichever process samples it and whatever
+Each row has a key from (run seed, iteration, prompt slot, sample index), given by the caller, and each token is
+drawn with `rollout.sampling.sample_from_logits` from a uniform that depends only on (key, token step), computed
+on the model's device. A prompt therefore gets the same completions whichever process samples it and whatever
 else is in its batch (DESIGN 5b), which is what lets one process and two processes end with the same weights.
-Sampling uses the exponential-race form of the Gumbel-max trick: argmax(p_i / E_i), E_i ~ Exp(1), which picks
-token i with probability p_i using one vector of noise per row.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from training_wizard.rollout.sampling import sample_from_logits
 
 
 @dataclass
@@ -26,15 +27,6 @@ class GenerationParams:
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: 0 at each row's first real token. (B, L) -> (B, L) long."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def sample_next_token(logits: torch.Tensor, temperature: float, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row from softmax(logits / temperature) with each row's own generator. (B, V) -> (B,)."""
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    noise = torch.stack(
-        [torch.empty(logits.shape[-1], dtype=torch.float32).exponential_(generator=g) for g in generators]
-    ).to(logits.device)
-    return (log_probs - noise.log()).argmax(dim=-1)
 
 
 @torch.no_grad()
@@ -52,7 +44,7 @@ def generate(
     early once every row has stopped). With sharded weights every forward pass is a collective, so processes must
     run the same number of steps: `all_finished(local_done)` then says whether every process is done.
     """
-    generators = [torch.Generator().manual_seed(int(seed)) for seed in row_seeds]
+    keys = torch.tensor([int(seed) for seed in row_seeds], dtype=torch.long, device=prompt_ids.device)
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     positions = position_ids_from_mask(attention_mask)
@@ -64,7 +56,7 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     tokens: list[torch.Tensor] = []
     for step in range(params.max_new_tokens):
-        token = sample_next_token(logits, params.temperature, generators)
+        token = sample_from_logits(logits, params.temperature, keys, step)
         token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
         tokens.append(token)
         if params.stop_token_id is not None:

@@ -339,7 +339,7 @@ class OnPolicyTrainer:
         return True
 
     def _safe_point_after_iteration(self, stop: StopRequest) -> None:
-        if self.collectives.any_true(stop.requested)[0]:
+        if self.collectives.any_process(stop.requested):
             self._stop(stop)
 
     def _stop(self, stop: StopRequest, state: dict[str, Any] | None = None) -> None:
@@ -371,7 +371,8 @@ class OnPolicyTrainer:
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
             for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
-                flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)  # non-finite logits, loss
+                # non-finite logits, loss: guards.MINI_BATCH_TENSORS without the gradient (checked at the step)
+                flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)
                 for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
                     index = order[start : start + plan.micro_batch_size]
                     with self.accelerator.accumulate(*self.trained_models.values()):
@@ -394,8 +395,7 @@ class OnPolicyTrainer:
             logits = out.logits.detach()
             entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
             # numerical guard: one isfinite reduction per tensor, no host sync here
-            flags[0] |= ~guards.all_finite(logits)
-            flags[1] |= ~guards.all_finite(out.loss.detach())
+            flags |= ~torch.stack([guards.all_finite(logits), guards.all_finite(out.loss.detach())])
         for name, value in out.stats.items():
             stats[name].append(value)
         stats["policy/entropy_avg"].append(entropy)

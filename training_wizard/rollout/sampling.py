@@ -1,0 +1,74 @@
+"""Keyed sampling on the device: one token per row from softmax(logits / temperature), with randomness that
+depends only on the row's key and the token step.
+
+Each row carries a 63-bit key (run seed, iteration, slot: `prompts.row_seed`). At token step t the row's uniform
+u = hash(key, t) in [0, 1) is computed on the logits' device by integer mixing (no generator, no host copy), and
+the token is the inverse CDF of the row's distribution at u. A completion is therefore the same whichever process
+samples it and whatever else is in its batch, which is what lets one process and two end with the same weights.
+
+Inverse-CDF sampling needs one uniform per row and step (B numbers), where the Gumbel/exponential race needs one
+per vocabulary entry (B x V). The CDF is taken in two stages in float64, over blocks of the vocabulary and then
+inside the chosen block, so its rounding error stays near 1e-16 even for 150k-token vocabularies (a single float32
+cumulative sum over 150k entries drifts by about 1e-5) while the only (B, V) tensor is the probabilities.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_BLOCK = 1024  # vocabulary entries per block of the two-stage CDF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2^32 for int64 x in [0, 2^32), without int64 overflow (16-bit halves)."""
+    low = (x & 0xFFFF) * constant
+    high = (((x >> 16) * constant) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (the "lowbias32" constants of C. Wellons' hash prospector): every input bit
+    affects every output bit. int64 tensor with values in [0, 2^32) -> the same."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """Uniforms in [0, 1) with 53 random bits, one per key, for token step `step`. keys: (B,) int64 -> (B,) float64
+    on the keys' device. The same (key, step) always gives the same number; different steps or keys are
+    independent for sampling purposes."""
+    low, high = keys & _MASK32, (keys >> 32) & _MASK32  # the mask undoes the sign extension of negative keys
+    state = _mix32(low ^ _mix32(high ^ _mix32(torch.full_like(keys, step & _MASK32) ^ 0x9E3779B9)))
+    first = _mix32(state ^ 0x85EBCA6B)
+    second = _mix32(first ^ 0xC2B2AE35)
+    bits = (first >> 5) * (1 << 26) + (second >> 6)  # 27 + 26 = 53 bits
+    return bits.to(torch.float64) / float(1 << 53)
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step: int) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), by inverse CDF at the row's keyed uniform.
+
+    logits: (B, V); keys: (B,) int64 on the same device -> (B,) long. Tokens of probability 0 are never drawn.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    rows, vocab = probs.shape
+    full = vocab // _BLOCK * _BLOCK
+    blocks = [probs[:, :full].reshape(rows, -1, _BLOCK).sum(-1, dtype=torch.float64)] if full else []
+    if full < vocab:
+        blocks.append(probs[:, full:].sum(-1, keepdim=True, dtype=torch.float64))
+    block_cdf = torch.cat(blocks, dim=1).cumsum(-1)  # (B, number of blocks)
+    target = keyed_uniforms(keys, step) * block_cdf[:, -1]
+    block = torch.searchsorted(block_cdf, target.unsqueeze(-1), right=True).clamp(max=block_cdf.shape[1] - 1)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(target).unsqueeze(-1))
+    columns = block * _BLOCK + torch.arange(_BLOCK, device=probs.device)  # (B, _BLOCK) vocabulary ids
+    inside = torch.where(columns < vocab, probs.gather(1, columns.clamp(max=vocab - 1)), torch.zeros((), device=probs.device))
+    inside_cdf = inside.to(torch.float64).cumsum(-1)
+    position = torch.searchsorted(inside_cdf, target.unsqueeze(-1) - before, right=True)
+    # Rounding can put the target past the block's last nonzero entry: take that entry, never a zero one.
+    last_nonzero = (inside > 0).long().cumsum(-1).argmax(-1, keepdim=True)
+    position = torch.minimum(position, last_nonzero)
+    return (columns.gather(1, position)).squeeze(-1)
