@@ -12,8 +12,12 @@ from training_wizard.errors import USER_ERROR_EXIT_CODE, UserError
 USAGE_EPILOG = """\
 examples:
   training-wizard examples/rloo/config.toml
+  training-wizard examples/ppo/config.toml
   training-wizard examples/rloo/config.toml training.total_episodes=200 output_dir=runs/try --dry-run
   accelerate launch -m training_wizard examples/rloo/config.toml
+
+A recipe written for training-wizard 1.0 runs as it is; `training-wizard migrate OLD.toml [-o NEW.toml]`
+converts it once to today's shape (docs/migrating.md).
 
 Overrides use the recipe's dotted key paths; values are read as TOML (numbers, booleans, "strings", [lists]).
 
@@ -41,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["migrate"]:
+        return migrate(argv[1:])
     args = build_parser().parse_args(argv)
     _quiet_libraries()
     from training_wizard.recipes.base import load_recipe
@@ -63,6 +70,37 @@ def main(argv: list[str] | None = None) -> int:
         # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
         print(f"training-wizard: {stop}", file=sys.stderr)
         return stop.exit_code
+    return 0
+
+
+def migrate(argv: list[str]) -> int:
+    """`training-wizard migrate OLD.toml [-o NEW.toml]`: a training-wizard 1.0 recipe in today's shape, with a
+    comment for every key that was translated or dropped. Without -o the result goes to stdout."""
+    parser = argparse.ArgumentParser(prog="training-wizard migrate",
+                                     description="Convert a training-wizard 1.0 recipe to today's shape.")
+    parser.add_argument("recipe", help="the 1.0 recipe (.toml or .json)")
+    parser.add_argument("-o", "--output", help="where to write the new recipe (default: stdout)")
+    args = parser.parse_args(argv)
+    from training_wizard.legacy import is_legacy_recipe, migrated_text, translate_legacy_recipe
+    from training_wizard.spec import add_import_roots, read_recipe_file
+
+    try:
+        data = read_recipe_file(Path(args.recipe))
+        if not is_legacy_recipe(data):
+            raise UserError(f"{args.recipe}: not a training-wizard 1.0 recipe (it has recipe_class, or no "
+                            "top-level spec_class)")
+        add_import_roots(Path(args.recipe))
+        text = migrated_text(translate_legacy_recipe(data, args.recipe), args.recipe)
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    except OSError as exc:
+        print(f"error: {args.output}: cannot write ({exc.strerror})", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
     return 0
 
 

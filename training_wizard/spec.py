@@ -180,7 +180,7 @@ def load_spec(
     path = Path(path)
     data = read_recipe_file(path) if data is None else data
     override_keys = apply_overrides(data, overrides or [])
-    _add_import_roots(path)
+    add_import_roots(path)
     with recipe_directory(path.resolve().parent):
         try:
             return spec_type.model_validate(data)
@@ -188,7 +188,7 @@ def load_spec(
             raise UserError(format_validation_error(exc, path, override_keys)) from None
 
 
-def _add_import_roots(path: Path) -> None:
+def add_import_roots(path: Path) -> None:
     """Make `examples.rloo.reward_spec` (from the working directory) and modules next to the recipe importable."""
     for root in (str(Path.cwd()), str(path.resolve().parent)):
         if root not in sys.path:

@@ -39,7 +39,8 @@ def length_reward(prompts, completions, **columns):
 
 
 @pytest.fixture
-def recipe_dir(tmp_path, tiny_model_dir):
+def recipe_dir(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # another test's module of the same name
     (tmp_path / "prompts.jsonl").write_text(
         "\n".join(json.dumps({"prompt": f"Say something about {t}.", "topic": t}) for t in ["cats", "rain", "tea", "maps"])
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from training_wizard.errors import UserError
-from training_wizard.spec import Spec, import_spec_class, load_spec, read_recipe_file
+from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
+from training_wizard.spec import Spec, add_import_roots, import_spec_class, load_spec, read_recipe_file
 from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION
 
 RECIPE_ALIASES = {
@@ -34,6 +36,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load a recipe file, apply `key.path=value` overrides, and validate it as the class `recipe_class` names."""
     path = Path(path)
     data = read_recipe_file(path)
+    if is_legacy_recipe(data):  # written for training-wizard 1.0: read through the translation (docs/migrating.md)
+        add_import_roots(path)  # its reward classes live next to it
+        translation = translate_legacy_recipe(data, path)
+        for warning in translation.warnings:
+            print(f"warning: {path}: {warning}", file=sys.stderr)
+        data = translation.recipe
     for text in overrides or []:
         if text.split("=", 1)[0].strip() == "recipe_class":
             data["recipe_class"] = text.split("=", 1)[1].strip().strip("\"'")
@@ -47,9 +55,7 @@ def _recipe_class(name: Any, path: Path) -> type[Recipe]:
         raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo', 'ppo' or 'pkg.mod.Class')")
     if not isinstance(name, str):
         raise UserError(f"{path}: recipe_class: expected a string such as 'rloo', got {type(name).__name__}")
-    from training_wizard.spec import _add_import_roots
-
-    _add_import_roots(path)
+    add_import_roots(path)
     try:
         return import_spec_class(RECIPE_ALIASES.get(name, name), Recipe)
     except ValueError as exc:

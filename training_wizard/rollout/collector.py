@@ -186,7 +186,7 @@ class RolloutCollector:
         else:
             columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
             columns["completion_has_eos"] = has_stop.tolist()
-            if getattr(self.reward, "needs_raw_text", False):
+            if self.reward.uses_raw_text():
                 columns.update(self._raw_text(prompt_ids, prompt_mask, responses, mask))
             error, totals = None, []
             try:

@@ -57,6 +57,13 @@ class DataSourceSpec(Spec):
         description="Drop prompts longer than 0.9 * response_length policy tokens (the recipe applies it with "
         "`filter_long_prompts`, since it needs the policy tokenizer).",
     )
+    hold_out: float | None = Field(
+        None, gt=0, description="Rows set aside for evaluation, from the end after shuffle and take: a count (>= 1) "
+        "or a share of the rows (< 1). The source then yields the other rows, or these with part = 'held_out'.",
+    )
+    part: Literal["rest", "held_out"] = Field(
+        "rest", description="With hold_out: 'rest' (training) or 'held_out' (an eval_dataset over the same source)."
+    )
 
     def load_raw(self, label: str = "dataset"):
         """The rows before preprocessing; subclasses implement this."""
@@ -82,7 +89,17 @@ class DataSourceSpec(Spec):
             ds = ds.shuffle(seed=self.shuffle_seed)
         if self.take is not None:
             ds = ds.select(range(min(self.take, len(ds))))
+        if self.hold_out is not None:
+            ds = self._split_held_out(ds, label)
         return ds
+
+    def _split_held_out(self, ds, label: str):
+        held = int(self.hold_out) if self.hold_out >= 1 else round(self.hold_out * len(ds))
+        if not 0 < held < len(ds):
+            raise UserError(f"{label}.hold_out: {self.hold_out} leaves {held} of {len(ds)} rows held out; expected "
+                            "at least one row in each part")
+        first_held = len(ds) - held
+        return ds.select(range(first_held, len(ds)) if self.part == "held_out" else range(first_held))
 
 
 def _require_columns(ds, names: list[str], key: str) -> None:

@@ -90,10 +90,16 @@ class TransformerSpec(Spec):
     attn_implementation: str | None = Field(
         None, description="transformers attention backend, e.g. 'sdpa', 'eager', 'flash_attention_2'."
     )
+    from_pretrained_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments for from_pretrained (for example num_labels = 1 for a classifier a "
+        "reward loads). The policy's dtype is training.dtype; weights always load from local safetensors.",
+    )
 
     # Dotted key of this spec in the recipe, used in error messages; a recipe that holds a second model
     # (e.g. a reward model) sets it, e.g. `spec._key = "reward.model"`.
     _key: str = PrivateAttr("model")
+    _cached_tokenizer: Any = PrivateAttr(None)
 
     @field_validator("pretrained_name", "tokenizer_name")
     @classmethod
@@ -164,7 +170,8 @@ class TransformerSpec(Spec):
                 f"{key}: folder '{folder}' has no *.safetensors weights; training-wizard loads safetensors only "
                 "(convert .bin weights with save_pretrained(safe_serialization=True))"
             )
-        kwargs: dict[str, Any] = {"dtype": torch_dtype, "use_safetensors": True, "local_files_only": True}
+        kwargs: dict[str, Any] = {**self.from_pretrained_kwargs, "dtype": torch_dtype, "use_safetensors": True,
+                                  "local_files_only": True}
         kwargs["trust_remote_code"] = self.trust_remote_code
         if self.attn_implementation is not None:
             kwargs["attn_implementation"] = self.attn_implementation
@@ -179,6 +186,27 @@ class TransformerSpec(Spec):
         if model.generation_config is not None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model
+
+    # -- members that reward code written for training-wizard 1.0 calls on its nested `transformer_spec` --------
+    @property
+    def tokenizer(self):
+        """The tokenizer, loaded once (training-wizard 1.0 name)."""
+        if self._cached_tokenizer is None:
+            self._cached_tokenizer = self.load_tokenizer()
+        return self._cached_tokenizer
+
+    def create_model(self, model_class: Any = None, **kwargs: Any):
+        """`model_class.from_pretrained` on the resolved folder with from_pretrained_kwargs (training-wizard 1.0
+        name); safetensors and local files only."""
+        from transformers import AutoModelForCausalLM
+
+        options = {**self.from_pretrained_kwargs, **kwargs, "use_safetensors": True, "local_files_only": True}
+        options["trust_remote_code"] = self.trust_remote_code
+        return (model_class or AutoModelForCausalLM).from_pretrained(self.resolved_path(), **options)
+
+    def encode_batch(self, texts: list[str], **kwargs: Any):
+        """Tokenize a batch with this spec's tokenizer (training-wizard 1.0 name)."""
+        return self.tokenizer(texts, **kwargs)
 
     def apply_lora(self, model):
         """Wrap `model` in a peft LoRA model if `lora` is set (only adapter weights trainable); else return it."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -32,6 +32,14 @@ class RewardError(UserError):
 
 class RewardSpec(Spec):
     """Base class: subclasses implement `compute_reward`; composite rewards also override `compute_components`."""
+
+    # True: the trainer also passes `templated_prompts` (the prompt as the model saw it, chat template and special
+    # tokens included) and `raw_completions` (special tokens kept, the stop token included) among the columns.
+    needs_raw_text: ClassVar[bool] = False
+
+    def uses_raw_text(self) -> bool:
+        """Whether this reward (or any reward inside it) needs the raw-text columns."""
+        return self.needs_raw_text
 
     @model_validator(mode="after")
     def _not_abstract(self) -> RewardSpec:
@@ -339,6 +347,9 @@ class MultiRewardSpec(RewardSpec):
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         return self.compute_components(prompts, completions, **columns)[0]
+
+    def uses_raw_text(self) -> bool:
+        return any(component.spec.uses_raw_text() for component in self.components.values())
 
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any

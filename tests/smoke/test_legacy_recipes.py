@@ -1,0 +1,228 @@
+"""Recipes and reward files written for training-wizard 1.0 (in its shape; written for these tests) load, dry-run
+and train here, and `training-wizard migrate` converts them to a recipe that resolves to the same config."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from training_wizard.cli import main
+from training_wizard.recipes.base import load_recipe
+
+OLD_RECIPE = """\
+spec_class = "training_wizard.recipes.rloo.RLOOTrainingSpec"
+validation = 5
+
+[transformer_spec]
+pretrained_name = "{model}"
+device_map = "cpu"
+
+[transformer_spec.tokenizer_call_kwargs]
+max_length = 256
+truncation = true
+
+[transformer_spec.lora_spec]
+r = 4
+lora_alpha = 8
+lora_dropout = 0.0
+
+[dataset_spec]
+spec_class = "training_wizard.specs.dataset.TemplateInstructDatasourceSpec"
+output_column = "prompt"
+
+[dataset_spec.parent]
+spec_class = "training_wizard.specs.dataset.SimpleDataSourceSpec"
+data_files = "sentences.jsonl"
+
+[dataset_spec.parent.preprocessing]
+shuffle = 7
+take = 13
+
+[[dataset_spec.messages_template]]
+role = "user"
+content = "Paraphrase: {{sentence}}"
+
+{reward}
+
+[training_args_spec]
+run_name = "old run"
+output_dir = "{out}"
+seed = 4
+logging_steps = 1
+per_device_train_batch_size = 4
+per_device_eval_batch_size = 2
+bf16 = false
+optim = "adamw_bnb_8bit"
+save_only_model = true
+eval_strategy = "steps"
+rloo_k = 2
+num_ppo_epochs = 1
+kl_coef = 0.05
+learning_rate = 1e-3
+temperature = 1.0
+response_length = 5
+total_episodes = 8
+num_sample_generations = 0
+"""
+
+PROMPT_AWARE_REWARD = """\
+[reward_spec]
+spec_class = "old_rewards.PromptAwareReward"
+bonus = 0.5
+"""
+
+CLASSIFIER_REWARD = """\
+[reward_spec]
+spec_class = "old_rewards.ClassifierReward"
+
+[reward_spec.transformer_spec]
+pretrained_name = "{classifier}"
+device_map = "cpu"
+
+[reward_spec.transformer_spec.from_pretrained_kwargs]
+torch_dtype = "float32"
+num_labels = 1
+"""
+
+MULTI_REWARD = """\
+[reward_spec]
+spec_class = "training_wizard.specs.reward.MultiRewardSpec"
+weights = [1.0, 3.0]
+normalize_weights = true
+
+[[reward_spec.rewards]]
+spec_class = "old_rewards.PromptAwareReward"
+bonus = 1.0
+
+[[reward_spec.rewards]]
+spec_class = "old_rewards.LengthReward"
+"""
+
+OLD_REWARDS = '''
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from training_wizard.specs.model import TransformerSpec
+from training_wizard.specs.reward import RewardSpec
+
+SEEN = []
+
+
+class PromptAwareReward(RewardSpec):
+    """Written against 1.0's inputs: the chat-templated prompt and the completion with its special tokens."""
+
+    bonus: float = 0.0
+
+    def compute_reward(self, prompts, completions, **kwargs):
+        assert all(p.startswith("<|im_start|>user\\n") and p.endswith("<|im_start|>assistant\\n") for p in prompts)
+        assert self.trainer.args.logging_steps == 1 and self.trainer.is_world_process_zero()
+        SEEN.append((self.trainer.state.global_step, [c.endswith("<|im_end|>") for c in completions]))
+        return [self.bonus + float("<|im_end|>" in c) for c in completions]
+
+
+class LengthReward(RewardSpec):
+    def compute_reward(self, prompts, completions, **kwargs):
+        return [len(c) / 100 for c in completions]
+
+
+class ClassifierReward(RewardSpec):
+    """A classifier with its own tokenizer, through 1.0's TransformerSpec members."""
+
+    transformer_spec: TransformerSpec
+
+    def compute_reward(self, prompts, completions, **kwargs):
+        model = self.transformer_spec.create_model(AutoModelForSequenceClassification)
+        assert model.config.num_labels == 1
+        batch = self.transformer_spec.encode_batch(completions, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            return model(**batch).logits[:, 0].tolist()
+'''
+
+
+@pytest.fixture
+def old_folder(tmp_path, tiny_model_dir):
+    sentences = ["The cat sat.", "It rains today.", "Tea is hot.", "Maps help us.", "Owls fly at night.",
+                 "Ice is cold.", "Sand is warm.", "Oaks grow slowly.", "Bikes are fast.", "Clocks tick.",
+                 "Rivers run.", "Birds sing.", "Stars shine."]
+    (tmp_path / "sentences.jsonl").write_text("\n".join(json.dumps({"sentence": s}) for s in sentences))
+    (tmp_path / "old_rewards.py").write_text(OLD_REWARDS)
+    return tmp_path
+
+
+def write_old(folder: Path, model_dir, reward: str, **extra) -> Path:
+    path = folder / "old.toml"
+    path.write_text(OLD_RECIPE.format(model=model_dir, out=folder / "run", reward=reward.format(**extra)))
+    return path
+
+
+def test_old_recipe_with_template_data_and_validation_trains(old_folder, tiny_model_dir, capsys):
+    path = write_old(old_folder, tiny_model_dir, PROMPT_AWARE_REWARD)
+    assert main([str(path), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "training_args_spec.optim: ignored ('adamw_bnb_8bit' is not available" in err
+    assert "transformer_spec.device_map: ignored" in err and "Traceback" not in err
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (old_folder / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "objective/scores" in r]
+    evals = [r for r in records if "eval/scores" in r]
+    assert len(train) == 2 and len(evals) == 2  # validation = 5 held out and evaluated
+    import old_rewards
+
+    assert {step for step, _ in old_rewards.SEEN} >= {0, 1}  # self.trainer.state.global_step follows the run
+    recipe = load_recipe(path)
+    assert recipe.dataset.hold_out == 5 and recipe.eval_dataset.part == "held_out"
+    assert len(recipe.dataset.load()) == 8 and len(recipe.eval_dataset.load()) == 5  # take 13: 8 train, 5 held
+
+
+def test_old_classifier_reward_with_its_own_tokenizer(old_folder, tiny_model_dir, capsys):
+    from training_wizard.testing import build_sequence_classifier, build_tokenizer
+
+    tokenizer = build_tokenizer(vocab_size=300)  # not the policy's vocabulary
+    classifier = old_folder / "classifier"
+    build_sequence_classifier(tokenizer).save_pretrained(classifier)
+    tokenizer.save_pretrained(classifier)
+    path = write_old(old_folder, tiny_model_dir, CLASSIFIER_REWARD, classifier=classifier)
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    scores = [json.loads(line)["objective/scores"] for line in (old_folder / "run" / "metrics.jsonl").read_text().splitlines()
+              if "objective/scores" in line]
+    assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
+
+
+def test_old_multi_reward_keys(old_folder, tiny_model_dir, capsys):
+    path = write_old(old_folder, tiny_model_dir, MULTI_REWARD)
+    recipe = load_recipe(path)
+    assert recipe.reward.strategy == "mean"
+    assert [c.weight for c in recipe.reward.components.values()] == [1.0, 3.0]
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    record = json.loads((old_folder / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"rewards/0_PromptAwareReward", "rewards/1_LengthReward"} <= set(record)
+
+
+@pytest.mark.parametrize("reward", [PROMPT_AWARE_REWARD, MULTI_REWARD])
+def test_migrate_writes_a_recipe_that_resolves_to_the_same_config(old_folder, tiny_model_dir, capsys, reward):
+    path = write_old(old_folder, tiny_model_dir, reward)
+    new = old_folder / "new.toml"
+    assert main(["migrate", str(path), "-o", str(new)]) == 0, capsys.readouterr().err
+    text = new.read_text()
+    assert "# Migrated from" in text and "training_args_spec.optim dropped" in text
+    assert "#   transformer_spec.lora_spec.lora_alpha -> model.lora.alpha" in text
+    assert 'recipe_class = "rloo"' in text
+    assert load_recipe(new).to_dict() == load_recipe(path).to_dict()
+
+
+def test_another_old_recipe_class_stops_with_one_line_naming_it(tmp_path, capsys):
+    path = tmp_path / "grpo.toml"
+    path.write_text('spec_class = "training_wizard.recipes.grpo.GRPOTrainingSpec"\n[transformer_spec]\n'
+                    'pretrained_name = "x"\n')
+    assert main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "training_wizard.recipes.grpo.GRPOTrainingSpec" in err[0] and "only RLOO" in err[0]
+
+
+def test_a_key_whose_loss_would_change_the_result_stops(old_folder, tiny_model_dir, capsys):
+    path = write_old(old_folder, tiny_model_dir, PROMPT_AWARE_REWARD)
+    path.write_text(path.read_text().replace('device_map = "cpu"\n',
+                                             'device_map = "cpu"\ntokenizer_special_tokens = { pad_token = "<x>" }\n', 1))
+    assert main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "transformer_spec.tokenizer_special_tokens" in err[0] and "change the prompts" in err[0]
