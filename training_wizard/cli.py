@@ -16,6 +16,8 @@ examples:
   training-wizard examples/rloo/config.toml training.total_episodes=200 output_dir=runs/try --dry-run
   accelerate launch -m training_wizard examples/rloo/config.toml
 
+Evaluate and look: `training-wizard eval EVAL.toml` (win rate of a model against another, docs/evaluation.md);
+`training-wizard plot RUN_DIR [RUN_DIR ...] [-o OUT.png]` (metrics against episodes, runs overlaid).
 A recipe written for training-wizard 1.0 runs as it is; `training-wizard migrate OLD.toml [-o NEW.toml]`
 converts it once to today's shape (docs/migrating.md).
 
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["migrate"]:
         return migrate(argv[1:])
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["plot"]:
+        return plot(argv[1:])
+    if argv[:1] == ["eval"]:  # the evaluation recipe, whatever the file's recipe_class says
+        argv = [*argv[1:], "recipe_class=evaluate"]
+    args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after --dry-run
     _quiet_libraries()
     from training_wizard.recipes.base import load_recipe
     from training_wizard.signals import TrainingInterrupted
@@ -70,6 +76,22 @@ def main(argv: list[str] | None = None) -> int:
         # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
         print(f"training-wizard: {stop}", file=sys.stderr)
         return stop.exit_code
+    return 0
+
+
+def plot(argv: list[str]) -> int:
+    """`training-wizard plot RUN_DIR [RUN_DIR ...] [-o OUT.png]`: the metric panel of one or several runs."""
+    parser = argparse.ArgumentParser(prog="training-wizard plot", description="Plot runs' metrics against episodes.")
+    parser.add_argument("runs", nargs="+", help="output_dir folders holding metrics.jsonl")
+    parser.add_argument("-o", "--output", default="metrics.png", help="the PNG to write (default: metrics.png)")
+    args = parser.parse_args(argv)
+    missing = [run for run in args.runs if not (Path(run) / "metrics.jsonl").is_file()]
+    if missing:
+        print(f"error: {missing[0]}: no metrics.jsonl (expected a run's output_dir)", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    from training_wizard.tracking.plots import plot_runs
+
+    print(plot_runs([Path(run) for run in args.runs], Path(args.output)))
     return 0
 
 

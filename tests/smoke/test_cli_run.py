@@ -77,7 +77,12 @@ def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_m
     assert SEED_METRICS | {"rewards/length", "rewards/vowels"} <= set(train[0])
     assert [r["episode"] for r in train] == [4, 8, 12, 16]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 2 * 4 and {"query", "response", "score", "rewards/vowels"} <= set(samples[0])
+    assert len(samples) == 2 * (4 + 4) and {"query", "response", "score", "rewards/vowels"} <= set(samples[0])
+    probes = [s for s in samples if s.get("probe")]  # the same 4 prompts at each of the 2 sample events
+    assert len(probes) == 8 and [p["query"] for p in probes[:4]] == [p["query"] for p in probes[4:]]
+    report = (out / "report.html").read_text()
+    assert (out / "metrics.png").stat().st_size > 10_000 and 'src="metrics.png"' in report
+    assert "Tell me about" in report and "step 2" in report and "step 4" in report
     assert (out / "resolved_config.toml").is_file()
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tokenizer = AutoTokenizer.from_pretrained(out / "model")

@@ -120,7 +120,7 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, to
         for key in keys:
             assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
     samples = read_jsonl(tmp_path / "double" / "samples.jsonl")
-    assert len(samples) == 3 * 4  # three tables of four rows, from rank 0 only
+    assert len(samples) == 3 * (4 + 4)  # three tables of four rows and four probe rows, from rank 0 only
 
 
 def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):

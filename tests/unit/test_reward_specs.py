@@ -425,33 +425,28 @@ def test_embedding_similarity_identical_beats_unrelated():
     assert values[1] > 0.5 and values[2] < 0.3
 
 
-def test_paraphrase_reward_from_toml_prefers_a_paraphrase(monkeypatch):
+PARAPHRASE_CASES = [
+    # (source, a faithful rewrite, an unrelated sentence)
+    ("The quick brown fox jumps over the lazy dog.", "A fast brown fox leaps over a sleepy dog.",
+     "Stock markets fell sharply on Tuesday."),
+    ("Our math teacher gives us one puzzle to solve every morning.",
+     "Each morning, our maths teacher hands us a single puzzle.", "The train to the coast was cancelled again."),
+    ("She planted tomatoes along the sunny side of the garden.",
+     "Along the garden's sunny edge, she put in tomato plants.", "Please restart the router before calling support."),
+]
+
+
+@pytest.mark.parametrize("source, rewrite, unrelated", PARAPHRASE_CASES)
+def test_paraphrase_reward_orders_rewrite_over_copy_over_unrelated(monkeypatch, source, rewrite, unrelated):
     monkeypatch.syspath_prepend(str(REPO))  # the recipe loader puts the working directory on sys.path
     spec = reward(spec_class="examples.rloo.reward_spec.ParaphraseRewardSpec")
-    assert set(spec.components) == {"similarity", "novelty", "length", "eos"}
-    source = "The quick brown fox jumps over the lazy dog."
-    completions = [source, "A fast brown fox leaps over a sleepy dog.", "Stock markets fell sharply on Tuesday."]
-    total, components = spec.score(
-        ["p"] * 4, completions + [completions[1]],
-        {"text": [source] * 4, "completion_has_eos": [True, True, True, False]}, step=0,
-    )
-    copy, paraphrase, unrelated, unfinished = total
-    assert paraphrase > copy > unrelated
-    assert paraphrase - unfinished == pytest.approx(0.25)  # the eos weight
-    assert components["novelty"][0] == pytest.approx(0.0, abs=1e-9)
-    weights = {"similarity": 1.0, "novelty": 0.5, "length": 0.25, "eos": 0.25}
-    assert total[1] == pytest.approx(sum(w * components[n][1] for n, w in weights.items()))
-
-
-def test_nested_multi_reward_errors_name_the_dotted_component_path():
-    def negative(prompts, completions, **cols):
-        return [-1.0 for _ in completions]
-
-    inner = MultiRewardSpec(components={"novelty": {"spec": CallableRewardSpec(fn=negative)},
-                                        "other": {"spec": CallableRewardSpec(fn=negative)}},
-                            strategy="geometric_mean")
-    outer = MultiRewardSpec(components={"quality": {"spec": inner}})
-    with pytest.raises(UserError) as err:
-        outer.score(["p"], ["a"], {}, step=3)
-    assert str(err.value) == ("reward component 'quality.novelty' at step 3, row 0: value -1.0 is negative; "
-                              "strategy geometric_mean needs values >= 0")
+    completions = [rewrite, source, unrelated, rewrite]
+    total, parts = spec.score(["p"] * 4, completions, {"text": [source] * 4,
+                                                      "completion_has_eos": [True, True, True, False]}, step=0)
+    rewritten, copied, off_topic, unfinished = total
+    assert rewritten > copied > off_topic, total
+    assert rewritten - unfinished == pytest.approx(0.25)  # the eos weight
+    assert parts["novelty"][1] == pytest.approx(0.0, abs=1e-9)
+    # the formula: similarity x (0.3 + novelty) + 0.25 length + 0.25 eos
+    expected = parts["similarity"][0] * (0.3 + parts["novelty"][0]) + 0.25 * parts["length"][0] + 0.25
+    assert rewritten == pytest.approx(expected)

@@ -84,6 +84,11 @@ class OnPolicyRecipe(Recipe):
         trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
+        if accelerator.is_main_process:
+            from training_wizard.tracking.report import write_run_outputs
+
+            report = write_run_outputs(self.output_dir)
+            console.print(f"plots and report: {report}")
 
     def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
         from training_wizard.specs.dataset import filter_long_prompts, validate_prompts

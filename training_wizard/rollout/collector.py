@@ -25,7 +25,6 @@ from training_wizard.rollout.generation import GenerationParams, generate
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
-from training_wizard.signals import fault_point
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
 ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -126,7 +125,6 @@ class RolloutCollector:
             ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses)
             extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
-        fault_point("generation", step)
         if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
         completions = self.tokenizer.batch_decode(

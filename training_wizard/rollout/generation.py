@@ -56,7 +56,10 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     tokens: list[torch.Tensor] = []
     for step in range(params.max_new_tokens):
-        token = sample_from_logits(logits, params.temperature, keys, step)
+        if params.temperature == 0:  # greedy (evaluation); training always samples
+            token = logits.argmax(dim=-1)
+        else:
+            token = sample_from_logits(logits, params.temperature, keys, step)
         token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
         tokens.append(token)
         if params.stop_token_id is not None:

@@ -163,6 +163,8 @@ class TransformerSpec(Spec):
         key = f"{self._key}.pretrained_name"
         torch_dtype = parse_dtype(dtype)
         folder = self.resolved_path()
+        if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+            return self._load_adapter_folder(folder, dtype, tokenizer)
         if not (folder / "config.json").is_file():
             raise UserError(f"{key}: folder '{folder}' has no config.json; expected a Hugging Face model folder")
         if not any(folder.glob("*.safetensors")):
@@ -186,6 +188,19 @@ class TransformerSpec(Spec):
         if model.generation_config is not None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model
+
+    def _load_adapter_folder(self, folder: Path, dtype: Any, tokenizer: Any):
+        """A LoRA run's `model/` folder (adapter only): its base model with the adapter merged in."""
+        from peft import PeftModel
+
+        base_name = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base_name:
+            raise UserError(f"{self._key}.pretrained_name: '{folder}' is a LoRA adapter without base_model_name_or_path")
+        base_spec = self.model_copy(update={"pretrained_name": base_name, "lora": None})
+        base_spec._key = self._key
+        tokenizer = self.load_tokenizer() if tokenizer is None else tokenizer
+        base = base_spec.load_causal_lm(dtype, tokenizer)
+        return PeftModel.from_pretrained(base, folder).merge_and_unload()
 
     # -- members that reward code written for training-wizard 1.0 calls on its nested `transformer_spec` --------
     @property

@@ -22,8 +22,10 @@ class SampleTable:
         responses: list[str],
         scores: list[float],
         components: dict[str, list[float]] | None = None,
+        probe: bool = False,
     ) -> Table | None:
-        """Append the rows to samples.jsonl and return a rich table of them (None on non-main processes)."""
+        """Append the rows to samples.jsonl and return a rich table of them (None on non-main processes).
+        `probe`: the fixed prompts sampled at every sample event (marked `"probe": true`)."""
         if not self.enabled:
             return None
         components = components or {}
@@ -37,6 +39,7 @@ class SampleTable:
                 record: dict[str, Any] = {
                     "step": step, "episode": episode, "query": query, "response": response, "score": score,
                     **{f"rewards/{name}": value for name, value in parts.items()},
+                    **({"probe": True} if probe else {}),
                 }
                 handle.write(json.dumps(record) + "\n")
                 table.add_row(query, response, f"{score:.4f}", *(f"{value:.4f}" for value in parts.values()))

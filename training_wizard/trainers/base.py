@@ -280,7 +280,9 @@ class OnPolicyTrainer:
     def collect_rollout(self) -> Rollout:
         """Steps 1-5: the next prompts of the shared order, sampled and scored."""
         prompts = self._next_prompts()
-        return self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration)
+        rollout = self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration)
+        fault_point("generation", self.state.iteration)
+        return rollout
 
     def _next_prompts(self) -> PromptBatch:
         """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
@@ -314,6 +316,7 @@ class OnPolicyTrainer:
             progress.update(self.state.episode, metrics)
         if self.sample_every and self.state.iteration % self.sample_every == 0:
             progress.print(self._sample_table(rollout))
+            self._record_probes()
         if config.eval_steps and self.eval_prompts is not None and self.state.iteration % config.eval_steps == 0:
             self.metrics.log(self.evaluate(), self.state.iteration)
         fault_point("iteration", self.state.iteration)
@@ -477,6 +480,15 @@ class OnPolicyTrainer:
             rollout.scores[:shown].tolist(),
             {name: values[:shown] for name, values in rollout.components.items()},
         )
+
+    def _record_probes(self, count: int = 4) -> None:
+        """Completions of the first `count` dataset prompts with the same sampling keys at every sample event, so
+        report.html can show one prompt's completion at the start, middle and end of training."""
+        rows = list(range(min(count, len(self.train_prompts))))
+        seeds = [row_seed(self.config.seed + 104_729, 0, i) for i in rows]
+        probe = self.collector.collect(self.train_prompts, rows, seeds, self.state.iteration)
+        self.samples.record(self.state.iteration, self.state.episode, probe.queries, probe.completions,
+                            probe.scores.tolist(), dict(probe.components), probe=True)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -1,0 +1,140 @@
+"""`training-wizard eval` on tiny models, `training-wizard plot`, and report.html in a headless browser."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from training_wizard.cli import main
+
+EVAL_RECIPE = """\
+output_dir = "{out}"
+seed = 1
+{baseline}
+response_length = 6
+temperature = {temperature}
+
+[prompts]
+data_files = "{data}"
+
+[candidate]
+pretrained_name = "{candidate}"
+
+[judge]
+spec_class = "training_wizard.evaluation.judges.RewardJudgeSpec"
+[judge.reward]
+spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
+function = "eval_rewards:length"
+"""
+
+REWARDS = '''
+def length(prompts, completions, **columns):
+    return [float(len(c)) for c in completions]
+'''
+
+
+@pytest.fixture
+def eval_folder(tmp_path):
+    rows = [{"prompt": f"Tell me about {t}.", "reference": "x" * (i % 3 * 40)} for i, t in
+            enumerate(["owls", "ice", "sand", "oak", "tea", "maps"])]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "eval_rewards.py").write_text(REWARDS)
+    return tmp_path
+
+
+def write_eval(folder: Path, candidate, baseline_line: str, temperature=0.0) -> Path:
+    path = folder / "eval.toml"
+    path.write_text(EVAL_RECIPE.format(out=folder / "eval", candidate=candidate, baseline=baseline_line,
+                                       data=folder / "prompts.jsonl", temperature=temperature))
+    return path
+
+
+def test_eval_against_reference_completions_has_the_known_answer(eval_folder, tiny_model_dir, capsys):
+    # references are 0, 40 or 80 characters: the tiny model's 6 tokens beat the empty ones and lose to the others
+    path = write_eval(eval_folder, tiny_model_dir, 'reference_column = "reference"')
+    assert main(["eval", str(path)]) == 0, capsys.readouterr().err
+    summary = json.loads((eval_folder / "eval" / "winrate.json").read_text())
+    decisions = [json.loads(line) for line in (eval_folder / "eval" / "decisions.jsonl").read_text().splitlines()]
+    assert len(decisions) == 6 and summary["n"] == 6
+    assert [d["outcome"] for d in decisions] == [1.0 if d["baseline"] == "" else 0.0 for d in decisions]
+    assert summary["win_rate"] == pytest.approx(2 / 6)
+    assert "vs column reference" in capsys.readouterr().out
+    assert "<td>candidate</td>" in (eval_folder / "eval" / "decisions.html").read_text()
+
+
+def test_eval_of_a_model_against_itself_greedy_is_all_ties(eval_folder, tiny_model_dir, capsys):
+    path = write_eval(eval_folder, tiny_model_dir, f'[baseline]\npretrained_name = "{tiny_model_dir}"')
+    text = path.read_text()
+    # TOML: the [baseline] table must come after the top-level keys
+    top, table = text.split("[baseline]\n", 1)
+    baseline_block, rest = table.split("\n", 1)
+    path.write_text(top + rest + f"\n[baseline]\n{baseline_block}\n")
+    assert main(["eval", str(path)]) == 0, capsys.readouterr().err
+    summary = json.loads((eval_folder / "eval" / "winrate.json").read_text())
+    assert (summary["ties"], summary["win_rate"]) == (6, 0.5)
+
+
+def test_a_lora_runs_model_folder_loads_for_evaluation(tmp_path, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from training_wizard.specs.model import TransformerSpec
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    adapted = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "model")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "model")
+    loaded = TransformerSpec(pretrained_name=str(tmp_path / "model")).load_causal_lm()
+    merged = adapted.merge_and_unload()
+    assert all((a - b).abs().max() < 1e-6 for a, b in zip(loaded.state_dict().values(), merged.state_dict().values()))
+
+
+def make_run(folder: Path, shift: float) -> Path:
+    folder.mkdir(parents=True)
+    metrics = [{"episode": 8 * i, "objective/scores": shift + 0.1 * i, "objective/rlhf_reward": shift + 0.09 * i,
+                "objective/kl": 0.01 * i, "val/ratio": 1.0, "lr": 1e-5, "eps": 3.0, "rewards/novelty": 0.2 + 0.01 * i}
+               for i in range(1, 11)]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n{\"eval/scores\": 0.7, \"episode\": 80}\n")
+    samples = [{"step": s, "episode": 8 * s, "query": f"Prompt {q} <b>bold?</b>", "response": f"answer {q} at {s}",
+                "score": 0.1 * s, "probe": True} for s in (1, 5, 10) for q in range(2)]
+    (folder / "samples.jsonl").write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    (folder / "resolved_config.toml").write_text('recipe_class = "rloo"\noutput_dir = "x"\n')
+    return folder
+
+
+def test_plot_overlays_runs_and_refuses_a_folder_without_metrics(tmp_path, capsys):
+    a, b = make_run(tmp_path / "run-a", 0.0), make_run(tmp_path / "run-b", 0.5)
+    out = tmp_path / "both.png"
+    assert main(["plot", str(a), str(b), "-o", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_report_shows_samples_side_by_side_escaped_and_opens_in_chromium(tmp_path):
+    from training_wizard.tracking.report import write_run_outputs
+
+    run = make_run(tmp_path / "run", 0.0)
+    report = write_run_outputs(run)
+    text = report.read_text()
+    assert "<th>step 1</th><th>step 5</th><th>step 10</th>" in text
+    assert "Prompt 0 &lt;b&gt;bold?&lt;/b&gt;" in text and "answer 0 at 10" in text and "eval/scores" in text
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); .ci/run installs it")
+    shot = tmp_path / "shot.png"
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                           "--window-size=1280,900", "--enable-logging=stderr", "--v=0", report.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.is_file(), done.stderr[-2000:]
+    console_errors = [line for line in done.stderr.splitlines() if "CONSOLE" in line and "ERROR" in line.upper()]
+    assert not console_errors, console_errors
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    low, high = image.getextrema()
+    assert high - low > 100  # not a blank page: text and the plot are drawn
+    colours = len(set(image.resize((320, 225)).getdata()))
+    assert colours > 20

@@ -1,0 +1,105 @@
+"""The evaluation recipe: `training-wizard eval EVAL.toml` (or `recipe_class = "evaluate"`).
+
+One completion per held-out prompt from the candidate model, and one from the baseline model (or the prompt
+rows' own reference completions), judged pairwise; writes the win rate with its 95% interval and every decision
+(`decisions.jsonl`, `decisions.html`, `winrate.json`) into output_dir. A LoRA run's `model/` folder loads as a
+model (its base with the adapter merged).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field, PositiveInt, model_validator
+from rich.console import Console
+
+from training_wizard.errors import UserError
+from training_wizard.evaluation.judges import JudgeSpec
+from training_wizard.recipes.base import Recipe
+from training_wizard.specs.dataset import DataSourceSpec
+from training_wizard.specs.model import TransformerSpec
+
+
+class EvaluateRecipe(Recipe):
+    """A candidate model against a baseline model or reference completions, on held-out prompts."""
+
+    prompts: DataSourceSpec = Field(description="Held-out prompts (prompt-only rows; other columns go to the judge).")
+    candidate: TransformerSpec = Field(description="The model under test, e.g. a run's model/ folder.")
+    baseline: TransformerSpec | None = Field(None, description="The model to beat, e.g. the starting model.")
+    reference_column: str | None = Field(
+        None, description="Instead of a baseline model: the column of the prompt rows holding reference completions."
+    )
+    judge: JudgeSpec = Field(description="Who decides each pair (RewardJudgeSpec or ChatJudgeSpec).")
+    response_length: PositiveInt = Field(64, description="Most new tokens per completion.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 decodes greedily.")
+    batch_size: PositiveInt = Field(16, description="Prompts per generation batch.")
+    dtype: str = Field("float32", description="Weight dtype of both models.")
+
+    @model_validator(mode="after")
+    def _one_baseline(self) -> EvaluateRecipe:
+        if (self.baseline is None) == (self.reference_column is None):
+            raise ValueError("set exactly one of baseline (a model) or reference_column (completions in the data)")
+        self.candidate._key = "candidate"
+        if self.baseline is not None:
+            self.baseline._key = "baseline"
+        return self
+
+    def main(self, dry_run: bool = False) -> None:
+        from accelerate.utils import set_seed
+
+        from training_wizard.evaluation.report import write_decisions
+        from training_wizard.evaluation.winrate import win_rate
+        from training_wizard.specs.dataset import validate_prompts
+
+        set_seed(self.seed)
+        console = Console()
+        rows = self.prompts.load("prompts")
+        validate_prompts(rows, "prompts")
+        rows = list(rows)
+        if self.reference_column is not None and self.reference_column not in rows[0]:
+            raise UserError(f"reference_column: column '{self.reference_column}' is not in the prompt rows")
+        console.print(f"{len(rows)} prompts; judge {type(self.judge).__name__}")
+        if dry_run:
+            return
+        queries, candidates, candidate_stops = self._completions(self.candidate, rows)
+        if self.baseline is not None:
+            _, baselines, baseline_stops = self._completions(self.baseline, rows)
+            names = (self.candidate.pretrained_name, self.baseline.pretrained_name)
+        else:
+            baselines = [str(row[self.reference_column]) for row in rows]
+            baseline_stops = [True] * len(rows)  # a reference completion is finished
+            names = (self.candidate.pretrained_name, f"column {self.reference_column}")
+        columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", self.reference_column)}
+        sides = ({"completion_has_eos": candidate_stops}, {"completion_has_eos": baseline_stops})
+        outcomes = self.judge.judge(queries, candidates, baselines, columns, sides)
+        result = win_rate(outcomes)
+        write_decisions(Path(self.output_dir), queries, candidates, baselines, outcomes, result, names)
+        console.print(f"{names[0]} vs {names[1]}: {result.describe()}", soft_wrap=True)
+        console.print(f"decisions: {Path(self.output_dir) / 'decisions.html'}")
+
+    @torch.no_grad()
+    def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[str], list[bool]]:
+        """(queries, one completion per row, whether each ended with the stop token) from the model `spec` names,
+        in batches, keyed by row."""
+        from training_wizard.core.masking import truncate_after_stop
+        from training_wizard.rollout.generation import GenerationParams, generate
+        from training_wizard.rollout.prompts import EncodedPrompts, row_seed
+
+        tokenizer = spec.load_tokenizer()
+        model = spec.load_causal_lm(self.dtype, tokenizer).eval()
+        encoded = EncodedPrompts.from_rows(rows, tokenizer)
+        pad, stop = tokenizer.pad_token_id, tokenizer.eos_token_id
+        params = GenerationParams(self.response_length, self.temperature, stop, pad)
+        completions: list[str] = []
+        stops: list[bool] = []
+        for first in range(0, len(rows), self.batch_size):
+            indices = list(range(first, min(first + self.batch_size, len(rows))))
+            ids, mask = encoded.left_pad(indices, pad)
+            raw = generate(model, ids, mask, params, [row_seed(self.seed, 0, i) for i in indices])
+            responses, keep, has_stop = truncate_after_stop(raw, stop, pad)
+            completions += tokenizer.batch_decode(torch.where(keep, responses, torch.full_like(responses, pad)),
+                                                  skip_special_tokens=True)
+            stops += has_stop.tolist()
+        return encoded.queries, completions, stops
