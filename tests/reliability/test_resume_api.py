@@ -179,3 +179,21 @@ def test_checkpoint_missing_a_weight_is_refused(tokenizer, tmp_path):
     fresh = make(tokenizer, tmp_path / "b", total_episodes=8)
     with pytest.raises(UserError, match=f"missing weight {dropped}"):
         load_checkpoint(fresh, folder)
+
+
+def test_a_bug_while_saving_keeps_its_traceback_and_the_previous_checkpoint(tokenizer, tmp_path, monkeypatch):
+    # Only the user's causes (disk full, permissions) become one line; a programming error must stay visible.
+    trainer = make(tokenizer, tmp_path, total_episodes=8 * 3)
+    real_save, calls = torch.save, []
+
+    def buggy(obj, path, *args, **kwargs):
+        calls.append(str(path))
+        if str(path).endswith("scheduler.pt") and len([c for c in calls if c.endswith("scheduler.pt")]) == 2:
+            raise TypeError("a bug in a serializer")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", buggy)
+    with pytest.raises(TypeError, match="a bug in a serializer"):
+        trainer.train()
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text() == "step-1" and not (root / ".staging-step-2").exists()

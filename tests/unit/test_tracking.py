@@ -4,6 +4,7 @@ import json
 import tomllib
 
 import pytest
+from conftest import requires
 
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe
@@ -18,12 +19,14 @@ def test_metrics_jsonl_appends_one_object_per_step(tmp_path):
     assert read_metrics(tmp_path) == [{"objective/scores": 1.5, "episode": 8}, {"objective/scores": "nan", "episode": 16}]
 
 
+@requires("tensorboard")
 def test_non_main_process_writes_nothing(tmp_path):
     MetricsLogger(tmp_path, report_to=["tensorboard"], is_main_process=False).log({"a": 1.0}, step=1)
     assert SampleTable(tmp_path, enabled=False).record(1, 8, ["q"], ["r"], [1.0]) is None
     assert list(tmp_path.iterdir()) == []
 
 
+@requires("tensorboard")
 def test_tensorboard_writes_event_files(tmp_path):
     logger = MetricsLogger(tmp_path, report_to=["tensorboard"])
     logger.log({"objective/scores": 0.25, "episode": 4}, step=1)
