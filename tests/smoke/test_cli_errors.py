@@ -189,3 +189,17 @@ def test_prompts_longer_than_the_context_are_counted_once(recipe_dir, tiny_model
     assert code == 0
     assert out.count("warning: 2 prompt(s) are longer than max_position_embeddings (512) minus response_length (2)") == 1
     assert "filter_length" in out
+
+
+@pytest.mark.parametrize("environment, needles", [
+    ({"ACCELERATE_USE_FSDP": "true"}, ["accelerate config", "asks for FSDP", "came up as NO"]),
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, ["accelerate config", "DeepSpeed"]),
+    ({"WORLD_SIZE": "2"}, ["says 2 processes (WORLD_SIZE)", "sees 1"]),
+])
+def test_a_launch_that_silently_fell_back_stops_with_one_line(recipe_dir, tiny_model_dir, capsys, monkeypatch,
+                                                               environment, needles):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir))
+    code, _, err = run_cli(capsys, path, "--dry-run")
+    assert_one_line_error(code, err, *needles)

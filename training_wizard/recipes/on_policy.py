@@ -60,7 +60,11 @@ class OnPolicyRecipe(Recipe):
         # torch starts each process from a random seed and two runs of one recipe differ.
         set_seed(self.seed)
         config = self.training_config()
-        accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        try:
+            accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        except ImportError as exc:  # the launch asks for an engine that is not installed (e.g. DeepSpeed)
+            raise UserError(f"accelerate config: {str(exc).splitlines()[0]}") from None
+        check_launch(accelerator)
         console = Console(quiet=not accelerator.is_main_process)
         tokenizer = self.model.load_tokenizer()
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
@@ -120,6 +124,24 @@ class OnPolicyRecipe(Recipe):
             data["training"].pop(key, None)
         path.write_text(dump_toml(data), encoding="utf-8")
         return path
+
+
+def check_launch(accelerator, environ=None) -> None:
+    """Refuse the silent fallbacks of a launch that did not come up as asked: accelerate turns an FSDP or
+    DeepSpeed config into plain data parallel where it cannot shard (a CPU), and processes launched together can
+    each come up alone (then they all write into one output_dir)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    kind = accelerator.distributed_type.name
+    for variable, engine in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")):
+        if environ.get(variable, "").lower() in ("1", "true") and kind != engine:
+            raise UserError(f"accelerate config: it asks for {engine} but this run came up as {kind} (not sharded; "
+                            "on CPU processes accelerate falls back silently); fix the launch or drop the option")
+    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and accelerator.num_processes != launched:
+        raise UserError(f"launch: the environment says {launched} processes (WORLD_SIZE) but this process sees "
+                        f"{accelerator.num_processes}; each would train alone into the same output_dir")
 
 
 def check_writable(output_dir: str) -> None:

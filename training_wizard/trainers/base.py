@@ -422,6 +422,8 @@ class OnPolicyTrainer:
         else:
             grads = [p.grad.detach() for p in parameters if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        if hasattr(norm, "full_tensor"):  # FSDP2 returns the norm as a DTensor: make it a plain tensor
+            norm = norm.full_tensor()
         # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
         checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
         grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
