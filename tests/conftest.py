@@ -5,17 +5,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import importlib.util  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-
-def requires(*modules: str):
-    """Skip a test, with the reason, when an optional extra it needs is not installed (`pip install -e .` plus
-    pytest runs; `pip install -r requirements.txt` brings them all)."""
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (pip install -r requirements.txt)")
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import requires
+from optional_extras import requires
 import torch
 from pydantic import ValidationError
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import requires
+from optional_extras import requires
 import torch
 
 from training_wizard.errors import UserError
@@ -75,6 +76,7 @@ def reward_module(tmp_path, monkeypatch):
         "    return [1.0] * len(completions)\n"
         "NOT_CALLABLE = 3\n"
     )
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # another test's module of the same name
     monkeypatch.syspath_prepend(str(tmp_path))
     return "my_rewards"
 

@@ -4,7 +4,7 @@ import json
 import tomllib
 
 import pytest
-from conftest import requires
+from optional_extras import requires
 
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe

@@ -11,7 +11,7 @@ from pydantic import Field
 from training_wizard.errors import UserError
 from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
 from training_wizard.spec import Spec, add_import_roots, import_spec_class, load_spec, read_recipe_file
-from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION
+from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE
 
 RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
@@ -24,7 +24,7 @@ class Recipe(Spec):
     """Top-level keys shared by every recipe."""
 
     output_dir: str = Field(description=OUTPUT_DIR_DESCRIPTION)
-    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION)
+    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
     resume_from_checkpoint: str | None = Field(
         None, description='"latest" (start fresh if there is none yet) or a checkpoint folder to resume from.'
     )

@@ -35,6 +35,7 @@ def _alias(*names: str) -> AliasChoices:
 OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final model."
 SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
 DEFAULT_SEED = 42
+SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
 
 
 class OnPolicyConfig(Spec):
@@ -44,7 +45,7 @@ class OnPolicyConfig(Spec):
 
     # -- run ---------------------------------------------------------------------------------------------------
     output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
-    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION)
+    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
     # -- batch sizes (see the module docstring) ------------------------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
     gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
