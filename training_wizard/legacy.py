@@ -317,7 +317,7 @@ def _reward(table: dict[str, Any], old: str, out: Translation) -> dict[str, Any]
         return _multi_reward(table, old, out)
     if isinstance(table.get("transformer_spec"), dict):
         table["transformer_spec"] = _model(table["transformer_spec"], f"{old}.transformer_spec",
-                                           f"reward.reward.transformer_spec", out, policy=False)
+                                           "reward.reward.transformer_spec", out, policy=False)
     out.note(old, "reward", "wrapped in LegacyRewardSpec: the reward sees the templated prompt and raw completion")
     logging_steps = out.recipe.get("training", {}).get("logging_steps", 1)
     return {"spec_class": "training_wizard.legacy.LegacyRewardSpec", "reward": table, "logging_steps": logging_steps}
