@@ -8,6 +8,7 @@ PYTHON=${PYTHON:-python3}
 # torch first and alone, so nothing later resolves a different (CUDA) build.
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r requirements.txt
+.venv/bin/python -m pip install -q --no-build-isolation -r requirements-deepspeed.txt
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv/bin/python -m pip install -q --no-deps -e .
 .venv/bin/python -c "import torch; assert '+cu' not in torch.__version__ and not torch.version.cuda, 'a CUDA torch was installed'"

@@ -3,6 +3,8 @@ newest committed one. A folder without a valid manifest is never chosen for resu
 
 Layout of `output_dir/checkpoints/step-N/`: `model/` (save_pretrained, safetensors; an adapter for LoRA),
 `optimizer.pt` and `scheduler.pt` (tensors and plain data only, loaded with weights_only=True),
+under DeepSpeed or FSDP `sharded/` instead of `optimizer.pt` (every process's shard of the weights and optimizer
+state, written and read by the engine: sharding.py),
 `trainer_state.pt` (counters, data position, RNG states, accelerate's step counter), `manifest.json` (files,
 sizes, sha256, step, episode, config hash, library versions, world size).
 
@@ -26,12 +28,13 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.guards import first_nonfinite_parameter
+from training_wizard.sharding import SHARDED_STATE, engine_kind
 from training_wizard.signals import fault_point
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 FORMAT_VERSION = 1
-REQUIRED_FILES = ("optimizer.pt", "scheduler.pt", "trainer_state.pt")
+REQUIRED_FILES = ("scheduler.pt", "trainer_state.pt")  # + optimizer.pt, or sharded/ under sharding
 _LIBRARIES = ("torch", "transformers", "accelerate", "peft", "safetensors", "training_wizard")
 
 
@@ -116,16 +119,29 @@ def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None
     run_state = state if state is not None else trainer.state.state_dict()
     step = int(run_state["iteration"])
     models = trainer.checkpoint_models()
+    error, bug = None, None
     for model in models.values():
         bad = first_nonfinite_parameter(trainer.accelerator.unwrap_model(model))
-        if bad is not None:  # same weights on every rank, so every rank raises here
-            raise UserError(
-                f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the "
-                "previous checkpoint is kept. Lower training.learning_rate or set training.skip_nonfinite_batches = true"
-            )
+        if bad is not None and error is None:
+            error = (f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the "
+                     "previous checkpoint is kept. Lower training.learning_rate or set "
+                     "training.skip_nonfinite_batches = true")
+    collectives.raise_if_any_failed(error)  # under sharding a process sees only its own shard
     state_dicts = {name: collectives.full_state_dict(model) for name, model in models.items()}
-    collectives.barrier()
-    error, bug = None, None
+    staging = root / f".staging-step-{step}"
+    if collectives.is_main:
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        except OSError as exc:
+            error = _write_failure(root, step, exc)
+    collectives.raise_if_any_failed(error)  # also the barrier: the folder exists before anyone writes into it
+    if engine_kind(trainer.accelerator):  # every process writes its own shard into the staging folder
+        try:
+            collectives.save_sharded_state(models, trainer.optimizer, staging / SHARDED_STATE)
+        except OSError as exc:
+            error = _write_failure(root, step, exc) if collectives.is_main else f"checkpoint step-{step}: {exc}"
+        collectives.raise_if_any_failed(error)  # and every shard is written before the main process commits
     if collectives.is_main:
         try:
             _write_and_commit(trainer, root, step, run_state, state_dicts)
@@ -171,9 +187,7 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
     from transformers.utils import logging as hf_logging
 
     accelerator = trainer.accelerator
-    final, staging = root / f"step-{step}", root / f".staging-step-{step}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    final, staging = root / f"step-{step}", root / f".staging-step-{step}"  # staging: made by save_checkpoint
     fault_point("save:start", step)
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # keep stderr for our own one-line messages
@@ -186,7 +200,8 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
         if bars_were_on:
             hf_logging.enable_progress_bar()
     fault_point("save:model", step)
-    torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+    if not engine_kind(accelerator):  # sharded runs wrote theirs into sharded/
+        torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
     fault_point("save:optimizer", step)
     torch.save(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
     trainer_state = {"trainer": run_state, "accelerator_step": int(accelerator.step)}
@@ -234,6 +249,8 @@ def is_valid_checkpoint(folder: Path) -> bool:
         manifest = read_manifest(folder)
         files = manifest["files"]
         if not all(name in files for name in REQUIRED_FILES):
+            return False
+        if "optimizer.pt" not in files and not any(name.startswith(f"{SHARDED_STATE}/") for name in files):
             return False
         if not any(name.startswith("model/") and name.endswith(".safetensors") for name in files):
             return False
@@ -322,12 +339,22 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     into `trainer`. Weights come from safetensors only; the .pt files load with weights_only=True. Returns the
     manifest (for notes on a changed config or world size)."""
     folder = Path(folder)
-    optimizer_state = _load_plain(folder / "optimizer.pt")
+    accelerator = trainer.accelerator
+    sharded = (folder / SHARDED_STATE).is_dir()
+    if sharded != bool(engine_kind(accelerator)):
+        written = "under DeepSpeed or FSDP" if sharded else "without DeepSpeed or FSDP"
+        this_run = {"deepspeed": "DeepSpeed", "fsdp": "FSDP"}.get(engine_kind(accelerator), "not sharded")
+        raise UserError(f"resume_from_checkpoint: {folder} was written {written} and this run is {this_run}; "
+                        "resume with the accelerate config that wrote it")
     scheduler_state = _load_plain(folder / "scheduler.pt")
     state = _load_plain(folder / "trainer_state.pt")
-    for name, model in trainer.checkpoint_models().items():
-        _load_weights(trainer.accelerator.unwrap_model(model), folder / name)
-    trainer.optimizer.load_state_dict(optimizer_state)
+    if sharded:
+        trainer.collectives.load_sharded_state(trainer.checkpoint_models(), trainer.optimizer, folder / SHARDED_STATE)
+    else:
+        optimizer_state = _load_plain(folder / "optimizer.pt")
+        for name, model in trainer.checkpoint_models().items():
+            _load_weights(accelerator.unwrap_model(model), folder / name)
+        trainer.optimizer.load_state_dict(optimizer_state)
     trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])
     trainer.accelerator.step = int(state.get("accelerator_step", 0))
@@ -403,11 +430,6 @@ def resume(trainer: Checkpointable, which: str, say: Callable[[str], None]) -> N
     that will be redone, so every iteration is logged exactly once. `say` prints a line on the main process."""
     accelerator, collectives = trainer.accelerator, trainer.collectives
     output_dir = trainer.config.output_dir
-    if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
-        raise UserError(
-            "resume_from_checkpoint: resuming is not supported yet under DeepSpeed or FSDP (checkpoints hold "
-            "the gathered weights but only the main process's optimizer shard); use plain data parallel"
-        )
     found = collectives.decide_on_main(lambda: _as_text(find_checkpoint(output_dir, which)))
     if found is None:
         say("resume_from_checkpoint = latest: no checkpoint yet, starting fresh")
@@ -418,6 +440,10 @@ def resume(trainer: Checkpointable, which: str, say: Callable[[str], None]) -> N
     folder = Path(found)
     if not (folder / MANIFEST).is_file():
         raise UserError(f"resume_from_checkpoint: {folder} is not visible from every process (output_dir must be shared)")
+    written_by = read_manifest(folder).get("world_size")
+    if engine_kind(accelerator) == "deepspeed" and written_by not in (None, collectives.world_size):
+        raise UserError(f"resume_from_checkpoint: {folder} holds DeepSpeed shards of {written_by} process(es) and "
+                        f"this run has {collectives.world_size}; resume with {written_by}")
     manifest = load_checkpoint(trainer, folder)
     if collectives.is_main:
         remove_stale_staging(output_dir)

@@ -147,6 +147,55 @@ class Collectives:
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """The full weights when they are sharded (DeepSpeed, FSDP): each process holds a shard, so every process
         takes part in gathering them. None otherwise (save_pretrained reads the unwrapped model directly)."""
-        if self.accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
-            return self.accelerator.get_state_dict(model)
+        accelerator = self.accelerator
+        if accelerator.distributed_type.name == "FSDP" and not accelerator.is_fsdp2 and self.device.type == "cpu":
+            # FSDP1's full state dict with offload_to_cpu=True (accelerate's choice) segfaults inside torch when
+            # the shards already live on the CPU; they are there already, so gather without the offload
+            from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+            gathered = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+            with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, gathered):
+                return model.state_dict()
+        if accelerator.distributed_type.name in ("DEEPSPEED", "FSDP"):
+            return accelerator.get_state_dict(model)
         return None
+
+    # -- the engine's sharded checkpoint (DeepSpeed, FSDP) ---------------------------------------------------------
+    def save_sharded_state(self, models: dict[str, torch.nn.Module], optimizer, folder) -> None:
+        """Every process writes its shard of the trained weights and optimizer state into `folder` (which exists
+        already): every process reaches it from `save_checkpoint`. DeepSpeed: the engine's own checkpoint, one tag
+        per model; FSDP: a torch distributed checkpoint (DCP)."""
+        if self.accelerator.distributed_type.name == "DEEPSPEED":
+            for name, engine in models.items():
+                engine.save_checkpoint(str(folder), tag=name, save_latest=False)
+            return
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        (model,) = models.values()  # sharding.check_supported: one trained model under FSDP
+        model_state, optimizer_state = get_state_dict(model, optimizers=_torch_optimizer(optimizer))
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+    def load_sharded_state(self, models: dict[str, torch.nn.Module], optimizer, folder) -> None:
+        """Restore what `save_sharded_state` wrote, each process its own shard, exactly (from `load_checkpoint`,
+        which every process runs)."""
+        if self.accelerator.distributed_type.name == "DEEPSPEED":
+            for name, engine in models.items():
+                path, _ = engine.load_checkpoint(str(folder), tag=name, load_optimizer_states=True,
+                                                 load_lr_scheduler_states=False)
+                if path is None:
+                    raise UserError(f"resume_from_checkpoint: {folder} has no DeepSpeed state for '{name}'")
+            return
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        (model,) = models.values()
+        plain = _torch_optimizer(optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizers=plain)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(folder))  # fills the shards in place
+        set_state_dict(model, optimizers=plain, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _torch_optimizer(optimizer):
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer

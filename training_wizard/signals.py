@@ -14,7 +14,8 @@ import signal
 import threading
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# Test-only: `point@step[#rank][=action]`, comma-separated; action `kill` (default, SIGKILL) or `term` / `int`.
+# Test-only: `point@step[#rank][=action]`, comma-separated; action `kill` (default, SIGKILL), `term` / `int`,
+# or `nan` (the point's value becomes non-finite).
 FAULT_ENV = "TRAINING_WIZARD_FAULT_INJECT"
 _fired: set[str] = set()  # each injected fault acts once per process
 
@@ -69,15 +70,17 @@ class StopRequest:
         return self.signum is not None
 
 
-def fault_point(name: str, step: int) -> None:
+def fault_point(name: str, step: int) -> bool:
     """Test hook: when TRAINING_WIZARD_FAULT_INJECT names this point and step (and rank), act on it.
 
     Costs one environment lookup when unset. Used by tests/reliability to kill a run (SIGKILL) or stop it
     (SIGTERM/SIGINT) at exact places: mid-generation, mid-update, between the files of a save, before the rename.
+    Action `nan` sends no signal: the call returns True, and the caller makes its value non-finite (the
+    multi-process tests of the non-finite guard). Returns False otherwise.
     """
     spec = os.environ.get(FAULT_ENV)
     if not spec:
-        return
+        return False
     rank = os.environ.get("RANK", "0")
     for entry in spec.split(","):
         target, _, action = entry.strip().partition("=")
@@ -86,5 +89,8 @@ def fault_point(name: str, step: int) -> None:
         if point != name or not at_step or int(at_step) != step or (at_rank and at_rank != rank) or entry in _fired:
             continue
         _fired.add(entry)
+        if action == "nan":
+            return True
         sig = {"": signal.SIGKILL, "kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT}[action]
         os.kill(os.getpid(), sig)
+    return False

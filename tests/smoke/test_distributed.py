@@ -18,6 +18,7 @@ seed = 5
 
 [model]
 pretrained_name = "{model}"
+{lora}
 
 [dataset]
 data_files = "{data}"
@@ -60,21 +61,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false", overrides=(),
-           env_extra=None, algorithm="rloo"):
+def write_recipe(tmp_path, model_dir, name, processes, reward="distinct", token_level="false", algorithm="rloo",
+                 lora=""):
+    """The test recipe for `processes` processes (same global batch: 2 x 4 x 1 == 1 x 4 x 2); returns its path."""
     data = tmp_path / "prompts.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."}) for i in range(12)))
         (tmp_path / "dp_rewards.py").write_text(REWARDS)
-    accumulation = 2 // processes  # same global batch: 2 x 4 x 1 == 1 x 4 x 2
+    accumulation = 2 // processes
     recipe = tmp_path / f"{name}.toml"
     text = RECIPE.format(
-        out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation, token_level=token_level
+        out=tmp_path / name, model=model_dir, data=data, reward=reward, accumulation=accumulation,
+        token_level=token_level, lora=lora,
     )
     if algorithm == "ppo":  # one completion per prompt; advantages are always whitened, per token
         text = text.replace('"rloo"', '"ppo"').replace("rloo_k = 2\n", "").replace("normalize_advantage = true\n", "")
         text = text.replace(f"token_level_kl = {token_level}\n", "")
     recipe.write_text(text)
+    return recipe
+
+
+def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false", overrides=(),
+           env_extra=None, algorithm="rloo", lora=""):
+    recipe = write_recipe(tmp_path, model_dir, name, processes, reward, token_level, algorithm, lora)
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path),
            **(env_extra or {})}
     if processes == 1:

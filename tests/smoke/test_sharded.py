@@ -1,4 +1,5 @@
-"""Real sharding on two CPU processes: FSDP2 ends where the one-process run ends.
+"""Real sharding on two CPU processes: FSDP2 and DeepSpeed ZeRO-2/3 end where the one-process run ends, and a
+run stopped by SIGTERM resumes through the engine's sharded checkpoint to the uninterrupted run's weights.
 
 accelerate turns an FSDP or DeepSpeed config into plain data parallel on CPU, and without a GPU it brings each
 launched process up alone. For these tests only, a `sitecustomize` module in the launch's PYTHONPATH makes
@@ -7,6 +8,7 @@ so the real FSDP2 / DeepSpeed wrapping runs. It leans on a private accelerate me
 the trainer itself refuses such fallbacks with one line.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -14,10 +16,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from optional_extras import requires
 from safetensors.torch import load_file
 
-from tests.smoke.test_distributed import free_port, launch
+from tests.smoke.test_distributed import free_port, launch, write_recipe
 
 FSDP2 = """\
 compute_environment: LOCAL_MACHINE
@@ -40,6 +43,7 @@ use_cpu: false
 REPO = Path(__file__).resolve().parents[2]
 
 SHIM = """\
+import json
 import os
 if os.environ.get("LOCAL_RANK") is not None:
     from accelerate.state import PartialState
@@ -49,7 +53,7 @@ if os.environ.get("LOCAL_RANK") is not None:
 """
 
 
-def launch_sharded(tmp_path, model_dir, name, config_text, overrides=(), env_extra=None, timeout=400):
+def launch_sharded(tmp_path, model_dir, name, config_text, overrides=(), env_extra=None, timeout=400, lora=""):
     """Like `launch` with two processes, under an accelerate config file and the CPU arrangement above."""
     config = tmp_path / f"{name}.yaml"
     config.write_text(config_text)
@@ -57,31 +61,55 @@ def launch_sharded(tmp_path, model_dir, name, config_text, overrides=(), env_ext
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     env.update({"ACCELERATE_TORCH_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tmp_path}:{REPO}",
                 "DS_ACCELERATOR": "cpu", **(env_extra or {})})
-    recipe = tmp_path / f"{name}.toml"
-    # the one-process run of the same test wrote the recipe; same global batch (1 x 4 x 2 == 2 x 4 x 1)
-    single = (tmp_path / "single.toml").read_text()
-    recipe.write_text(single.replace(str(tmp_path / "single"), str(tmp_path / name))
-                      .replace("gradient_accumulation_steps = 2", "gradient_accumulation_steps = 1"))
+    recipe = write_recipe(tmp_path, model_dir, name, 2, lora=lora)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--main_process_port", str(free_port()), "-m", "training_wizard", str(recipe), *overrides]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
 
 
+def saved_weights(run: Path) -> dict:
+    """The final model's tensors: full weights, or the LoRA adapter's."""
+    folder = run / "model"
+    adapter = folder / "adapter_model.safetensors"
+    return load_file(str(adapter if adapter.exists() else folder / "model.safetensors"))
+
+
 def max_difference(a: Path, b: Path, start: bool = False) -> float:
     """Largest weight difference between two runs' saved models (`start`: b is the starting model folder)."""
-    one = load_file(str(a / "model" / "model.safetensors"))
-    two = load_file(str(b / "model.safetensors" if start else b / "model" / "model.safetensors"))
+    one = saved_weights(a)
+    two = load_file(str(b / "model.safetensors")) if start else saved_weights(b)
     assert one.keys() == two.keys()
     return max((one[k] - two[k]).abs().max().item() for k in one)
 
 
-def test_fsdp2_two_processes_match_one_process(tmp_path, tiny_model_dir):
+def stop_and_resume(tmp_path, model_dir, name, config_text, env_extra=None, lora=""):
+    """An uninterrupted sharded run, and one that rank 1's SIGTERM stops after iteration 2 and that resumes from its
+    checkpoint; returns (uninterrupted folder, resumed folder)."""
+    full = launch_sharded(tmp_path, model_dir, f"{name}-full", config_text, env_extra=env_extra, lora=lora)
+    assert full.returncode == 0, full.stderr[-3000:]
+    stop = {**(env_extra or {}), "TRAINING_WIZARD_FAULT_INJECT": "iteration@2#1=term"}
+    first = launch_sharded(tmp_path, model_dir, f"{name}-parts", config_text, env_extra=stop, lora=lora)
+    assert first.returncode != 0 and "exitcode  : 143" in first.stderr, first.stderr[-3000:]
+    assert (tmp_path / f"{name}-parts" / "checkpoints" / "step-2" / "sharded").is_dir()
+    rest = launch_sharded(tmp_path, model_dir, f"{name}-parts", config_text, env_extra=env_extra, lora=lora,
+                          overrides=["resume_from_checkpoint=latest"])
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "resumed from" in rest.stdout and "iteration 2" in rest.stdout
+    return tmp_path / f"{name}-full", tmp_path / f"{name}-parts"
+
+
+# FSDP1 gathered its full state dict with offload_to_cpu=True, which segfaults in torch on CPU shards
+@pytest.mark.parametrize("version", [2, pytest.param(1, marks=pytest.mark.slow)], ids=["fsdp2", "fsdp1"])
+def test_fsdp_two_processes_match_one_process(tmp_path, tiny_model_dir, version):
     single = launch(tmp_path, tiny_model_dir, "single", 1)
     assert single.returncode == 0, single.stderr[-3000:]
     # the launch sets ACCELERATE_USE_FSDP; the run refuses to start unless it really came up as FSDP
-    sharded = launch_sharded(tmp_path, tiny_model_dir, "fsdp2", FSDP2)
+    config = FSDP2.replace("fsdp_version: 2", f"fsdp_version: {version}")
+    if version == 1:  # syncing module states needs an accelerator device; every rank loads the same weights anyway
+        config = config.replace("fsdp_config:\n", "fsdp_config:\n  fsdp_sync_module_states: false\n  fsdp_use_orig_params: true\n")
+    sharded = launch_sharded(tmp_path, tiny_model_dir, f"fsdp{version}", config)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    assert max_difference(tmp_path / "single", tmp_path / "fsdp2") < 1e-5
+    assert max_difference(tmp_path / "single", tmp_path / f"fsdp{version}") < 1e-5
     assert max_difference(tmp_path / "single", Path(tiny_model_dir), start=True) > 2e-4
 
 
@@ -102,19 +130,53 @@ use_cpu: false
 """
 
 
-# ZeRO-3 with a full policy: the model arrives partitioned and the reference is a deepcopy holding empty weights,
-# so the rollout fails ("'weight' must be 2-D"); strict, so this flips to a failure once the reference is fixed.
-ZERO3_REFERENCE = pytest.mark.xfail(strict=True, reason="ZeRO-3 reference model is an empty partitioned copy")
+def test_fsdp2_resumes_exactly_after_sigterm(tmp_path, tiny_model_dir):
+    full, resumed = stop_and_resume(tmp_path, tiny_model_dir, "fsdp2", FSDP2)
+    assert max_difference(full, resumed) == 0.0
+
+
+DEEPSPEED_CACHE = {"TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / "training-wizard-torch-extensions")}
+LORA = "lora = { r = 4, alpha = 8 }"
 
 
 @pytest.mark.slow
 @requires("deepspeed")
-@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=ZERO3_REFERENCE)])
-def test_deepspeed_two_processes_match_one_process(tmp_path, tiny_model_dir, stage):
-    single = launch(tmp_path, tiny_model_dir, "single", 1)
+@pytest.mark.parametrize("stage, lora", [(2, ""), (3, ""), (3, LORA)], ids=["zero2", "zero3", "zero3_lora"])
+def test_deepspeed_two_processes_match_one_process(tmp_path, tiny_model_dir, stage, lora):
+    # ZeRO-3 loads the policy partitioned: the reference is the model loaded a second time (full policy), or the
+    # policy with its adapter disabled (LoRA), run through a DeepSpeed inference engine
+    single = launch(tmp_path, tiny_model_dir, "single", 1, lora=lora)
     assert single.returncode == 0, single.stderr[-3000:]
     # DS_ACCELERATOR=cpu: DeepSpeed's CPU accelerator (gloo); its one compiled op is cached across runs
-    cache = {"TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / "training-wizard-torch-extensions")}
-    sharded = launch_sharded(tmp_path, tiny_model_dir, f"zero{stage}", ZERO.format(stage=stage), env_extra=cache)
+    sharded = launch_sharded(tmp_path, tiny_model_dir, f"zero{stage}", ZERO.format(stage=stage),
+                             env_extra=DEEPSPEED_CACHE, lora=lora)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert max_difference(tmp_path / "single", tmp_path / f"zero{stage}") < 1e-5
+    if not lora:
+        assert max_difference(tmp_path / "single", Path(tiny_model_dir), start=True) > 2e-4
+
+
+@pytest.mark.slow
+@requires("deepspeed")
+def test_zero3_resumes_exactly_after_sigterm(tmp_path, tiny_model_dir):
+    full, resumed = stop_and_resume(tmp_path, tiny_model_dir, "zero3", ZERO.format(stage=3), env_extra=DEEPSPEED_CACHE)
+    assert max_difference(full, resumed) == 0.0
+
+
+@pytest.mark.slow
+@requires("deepspeed")
+def test_deepspeed_nonfinite_loss_on_one_rank_skips_or_stops(tmp_path, tiny_model_dir):
+    """DeepSpeed steps inside backward; a NaN loss on rank 1 (iteration 1) must still be skipped on both ranks in
+    skip mode, and stop the run with one line (weights never stepped on NaN) otherwise."""
+    nan_on_rank_1 = {**DEEPSPEED_CACHE, "TRAINING_WIZARD_FAULT_INJECT": "loss@1#1=nan"}
+    zero2 = ZERO.format(stage=2)
+    skipped = launch_sharded(tmp_path, tiny_model_dir, "skip", zero2, env_extra=nan_on_rank_1,
+                             overrides=["training.skip_nonfinite_batches=true"])
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["guards/skipped_batches"] for m in metrics] == [0, 1, 1]  # epoch 0's step of iteration 1
+    weights = saved_weights(tmp_path / "skip")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    stopped = launch_sharded(tmp_path, tiny_model_dir, "strict", zero2, env_extra=nan_on_rank_1)
+    assert stopped.returncode != 0
+    assert "training: non-finite loss at step 1 (ppo epoch 0, mini-batch 0)" in stopped.stderr, stopped.stderr[-3000:]

@@ -51,6 +51,17 @@ class OnPolicyRecipe(Recipe):
     def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def load_reference(self, config, policy, accelerator):
+        """The `[ref_model]`; else None (the trainer copies the starting policy, or disables a LoRA adapter),
+        except under ZeRO-3, where a full policy is partitioned and the reference is the model loaded again."""
+        from training_wizard.sharding import needs_separate_reference
+
+        if self.ref_model:
+            return self.ref_model.load_causal_lm(config.dtype)
+        if needs_separate_reference(accelerator, policy):
+            return self.model.load_causal_lm(config.dtype)
+        return None
+
     # ------------------------------------------------------------------------------------------- the lifecycle
     def main(self, dry_run: bool = False) -> None:
         from accelerate import Accelerator
@@ -134,9 +145,10 @@ def check_launch(accelerator, environ=None) -> None:
 
     environ = os.environ if environ is None else environ
     kind = accelerator.distributed_type.name
-    for variable, engine in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")):
+    for variable, engine, name in (("ACCELERATE_USE_FSDP", "FSDP", "FSDP"),
+                                   ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED", "DeepSpeed")):
         if environ.get(variable, "").lower() in ("1", "true") and kind != engine:
-            raise UserError(f"accelerate config: it asks for {engine} but this run came up as {kind} (not sharded; "
+            raise UserError(f"accelerate config: it asks for {name} but this run came up as {kind} (not sharded; "
                             "on CPU processes accelerate falls back silently); fix the launch or drop the option")
     launched = int(environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and accelerator.num_processes != launched:

@@ -29,7 +29,7 @@ class PPORecipe(OnPolicyRecipe):
         from training_wizard.trainers.ppo import PPOTrainer
 
         policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
-        ref_policy = self.ref_model.load_causal_lm(config.dtype) if self.ref_model else None
+        ref_policy = self.load_reference(config, policy, accelerator)
         value_model = self._load_value_model(config, tokenizer)
         return PPOTrainer(
             config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy, reward_model=self.reward,

@@ -19,7 +19,7 @@ class RLOORecipe(OnPolicyRecipe):
 
     def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):
         policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
-        ref_policy = self.ref_model.load_causal_lm(config.dtype) if self.ref_model else None
+        ref_policy = self.load_reference(config, policy, accelerator)
         from training_wizard.trainers.rloo import RLOOTrainer
 
         return RLOOTrainer(

@@ -36,6 +36,7 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
+from training_wizard.sharding import DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
@@ -178,7 +179,11 @@ class OnPolicyTrainer:
                 disable_dropout(model)
         self.uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
         if ref_policy is None and not self.uses_adapter_as_reference:
+            if is_partitioned(policy):
+                raise UserError("ref_policy: under DeepSpeed ZeRO-3 the policy's weights are partitioned and cannot "
+                                "be copied; pass ref_policy (the same model loaded a second time)")
             ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
+        check_supported(self.accelerator, unprepared)
         if config.gradient_checkpointing:
             for model in unprepared.values():
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -203,12 +208,11 @@ class OnPolicyTrainer:
         self.trained_models = dict(zip(unprepared, prepared))
         self.policy = self.trained_models["model"]
         self.lr_scheduler = scheduler
-        self.ref_policy = None
-        if ref_policy is not None:
-            ref_policy.requires_grad_(False)
-            self.ref_policy = ref_policy.to(self.accelerator.device).eval()
+        # DeepSpeed steps inside accelerator.backward: its guard acts before and inside that step (sharding.py)
+        self.deepspeed_guard = DeepSpeedStepGuard(self.policy) if engine_kind(self.accelerator) == "deepspeed" else None
+        self.ref_policy = prepare_frozen(self.accelerator, ref_policy) if ref_policy is not None else None
         if isinstance(self.reward, torch.nn.Module):
-            self.reward = self.reward.to(self.accelerator.device).eval().requires_grad_(False)
+            self.reward = prepare_frozen(self.accelerator, self.reward)
 
     def _configure_deepspeed(self) -> None:
         """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
@@ -393,12 +397,19 @@ class OnPolicyTrainer:
         rows = rollout.rows(index)
         shaped_rows = {name: value[index] for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
         out = self.micro_batch_loss(rows, shaped_rows)
-        self.accelerator.backward(out.loss)
+        if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
+            out.loss = out.loss * float("nan")
         with torch.no_grad():
             logits = out.logits.detach()
             entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
             # numerical guard: one isfinite reduction per tensor, no host sync here
             flags |= ~torch.stack([guards.all_finite(logits), guards.all_finite(out.loss.detach())])
+        loss = out.loss
+        if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
+            self.collectives.any_true(*flags.tolist())
+        ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
+            loss = self.deepspeed_guard.poison(loss)
+        self.accelerator.backward(loss)
         for name, value in out.stats.items():
             stats[name].append(value)
         stats["policy/entropy_avg"].append(entropy)
@@ -427,6 +438,9 @@ class OnPolicyTrainer:
         # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
         checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
         grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
+        if self.deepspeed_guard is not None and not self.policy.fp16_enabled():
+            # the engine has stepped already (inside backward), or skipped the step on a non-finite gradient
+            grad_bad = flags.new_tensor([self.deepspeed_guard.step_was_skipped()])
         bad = self.collectives.any_true(*torch.cat([flags, grad_bad.to(flags.device)]).tolist())  # all step or skip
         name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad)
         if name is None:

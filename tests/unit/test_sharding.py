@@ -1,0 +1,54 @@
+"""What a sharded run does differently (training_wizard/sharding.py), checked without launching processes: the
+refusals that keep a sharded run from going wrong silently. The launched runs are in tests/smoke/test_sharded.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from training_wizard import RLOOConfig, RLOOTrainer
+from training_wizard.checkpoint import find_checkpoint, load_checkpoint
+from training_wizard.errors import UserError
+from training_wizard.sharding import check_supported, needs_separate_reference
+from training_wizard.testing import build_causal_lm, build_tokenizer
+
+
+def fake_accelerator(kind: str, zero_stage=None):
+    plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage is not None else None
+    return SimpleNamespace(distributed_type=SimpleNamespace(name=kind), state=SimpleNamespace(deepspeed_plugin=plugin))
+
+
+def test_two_trained_models_are_refused_under_an_engine_in_one_line():
+    models = {"model": torch.nn.Linear(2, 2), "value_model": torch.nn.Linear(2, 1)}
+    for kind in ("DEEPSPEED", "FSDP"):
+        with pytest.raises(UserError, match=rf"^accelerate config: {kind} trains one model per run here, .* "
+                                            r"\(model, value_model\); use plain data parallel"):
+            check_supported(fake_accelerator(kind), models)
+    check_supported(fake_accelerator("MULTI_GPU"), models)  # data parallel trains both
+    check_supported(fake_accelerator("DEEPSPEED", 2), {"model": models["model"]})
+
+
+def test_only_a_full_policy_under_zero3_needs_its_reference_loaded_again():
+    full = torch.nn.Linear(2, 2)
+    lora = SimpleNamespace(disable_adapter=lambda: None)
+    assert needs_separate_reference(fake_accelerator("DEEPSPEED", 3), full)
+    assert not needs_separate_reference(fake_accelerator("DEEPSPEED", 3), lora)  # adapter disabled is the reference
+    assert not needs_separate_reference(fake_accelerator("DEEPSPEED", 2), full)
+    assert not needs_separate_reference(fake_accelerator("FSDP"), full)
+
+
+def test_a_sharded_checkpoint_is_refused_by_an_unsharded_run(tmp_path):
+    tokenizer = build_tokenizer()
+    options = dict(output_dir=str(tmp_path), seed=1, rloo_k=2, per_device_train_batch_size=4, total_episodes=8,
+                   response_length=4, num_sample_generations=0, save_steps=1)
+    trainer = RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer),
+                          reward_model=lambda prompts, completions, **_: [1.0] * len(completions),
+                          train_dataset=[{"prompt": f"Item {i}."} for i in range(4)])
+    trainer.train()
+    folder = find_checkpoint(tmp_path, "latest")
+    (folder / "sharded").mkdir()  # what a DeepSpeed or FSDP run writes beside model/
+    before = [p.detach().clone() for p in trainer.unwrapped_policy.parameters()]
+    with pytest.raises(UserError, match=r"^resume_from_checkpoint: .*step-\d+ was written under DeepSpeed or FSDP and "
+                                        r"this run is not sharded; resume with the accelerate config that wrote it$"):
+        load_checkpoint(trainer, folder)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.unwrapped_policy.parameters()))

@@ -1,0 +1,106 @@
+"""What a run does differently when its weights are sharded (DeepSpeed ZeRO, FSDP): frozen models, the
+optimizer-step guard, and the engine's own sharded checkpoint.
+
+Plain data parallel needs none of this: every process holds every weight, so the trainer works on the unwrapped
+model and a checkpoint is the main process's copy. Under sharding each process holds a part, so:
+- a frozen model (the reference, a reward classifier) loaded under ZeRO-3 arrives partitioned and only runs
+  through a DeepSpeed engine, whose forward gathers each layer's weights (`prepare_frozen`);
+- a copy of a ZeRO-3 partitioned policy holds empty weights, so the reference must be loaded on its own
+  (`needs_separate_reference`);
+- DeepSpeed steps the optimizer inside `accelerator.backward`, so the non-finite guard works through DeepSpeed's
+  own overflow check (`DeepSpeedStepGuard`);
+- the optimizer state (and under FSDP the weights) of a checkpoint are each process's shard, written and read by
+  every process through the engine (`Collectives.save_sharded_state` / `load_sharded_state`: collectives.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import torch
+
+from training_wizard.errors import UserError
+
+SHARDED_STATE = "sharded"  # checkpoint sub-folder of the engine's own per-process files
+
+
+def engine_kind(accelerator) -> str | None:
+    """"deepspeed", "fsdp" or None (plain data parallel or one process)."""
+    name = accelerator.distributed_type.name
+    return {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}.get(name)
+
+
+def zero_stage(accelerator) -> int | None:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return plugin.zero_stage if plugin is not None else None
+
+
+def is_partitioned(model: torch.nn.Module) -> bool:
+    """True for a model whose parameters ZeRO-3 partitioned when it was loaded (each holds only its shard)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def needs_separate_reference(accelerator, policy: torch.nn.Module) -> bool:
+    """Under ZeRO-3 a full (non-LoRA) policy cannot be copied into a reference: its parameters are partitioned
+    stubs. The recipe then loads the reference from the model spec a second time (TRL does the same)."""
+    return zero_stage(accelerator) == 3 and not hasattr(policy, "disable_adapter")
+
+
+def prepare_frozen(accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen model ready for no-grad forward passes on this process.
+
+    ZeRO-3: a DeepSpeed inference engine over the partitioned model (each forward gathers a layer's weights, so
+    every process must run the same number of passes, which the collector guarantees). Anything else: the full
+    model on this process's device.
+    """
+    model.requires_grad_(False)
+    if zero_stage(accelerator) != 3:
+        if is_partitioned(model):  # loaded under ZeRO-3 settings but trained with another stage
+            raise UserError("a frozen model is partitioned but the run is not ZeRO-3; load it after the Accelerator")
+        return model.to(accelerator.device).eval()
+    import deepspeed
+
+    plugin = accelerator.state.deepspeed_plugin
+    config = copy.deepcopy(plugin.deepspeed_config)
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    config["train_micro_batch_size_per_gpu"] = config.get("train_micro_batch_size_per_gpu", 1)
+    if config.get("train_micro_batch_size_per_gpu") == "auto":
+        config["train_micro_batch_size_per_gpu"] = 1
+    config.pop("train_batch_size", None)
+    config["gradient_accumulation_steps"] = 1
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # DeepSpeedEngine.eval returns None, unlike Module.eval
+    return engine
+
+
+class DeepSpeedStepGuard:
+    """The non-finite guard under DeepSpeed, whose engine steps inside `accelerator.backward`.
+
+    A step cannot be undone afterwards, so the guard acts before and inside it: DeepSpeed's own gradient overflow
+    check is switched on (for fp32 and bf16 it is off by default), which skips a step with a non-finite gradient
+    on every process; a micro-batch whose logits or loss are non-finite on any process gets a NaN loss, so its
+    gradients are non-finite too and that check skips the step. Afterwards `step_was_skipped` says what happened.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        optimizer = engine.optimizer
+        if hasattr(optimizer, "check_grad_overflow"):  # ZeRO-1/2 (ZeRO-3 always checks)
+            optimizer.check_grad_overflow = True
+
+    @staticmethod
+    def poison(loss: torch.Tensor) -> torch.Tensor:
+        """The loss to back-propagate when the mini-batch must not be applied: NaN gradients everywhere."""
+        return loss * float("nan")
+
+    def step_was_skipped(self) -> bool:
+        return bool(getattr(self.engine.optimizer, "overflow", False))
+
+
+def check_supported(accelerator, trained_models: dict[str, torch.nn.Module]) -> None:
+    """One trained model per engine: accelerate prepares a single model for DeepSpeed, and the FSDP checkpoint
+    above covers one. PPO trains a policy and a value model, so it runs with plain data parallel for now."""
+    if engine_kind(accelerator) and len(trained_models) > 1:
+        raise UserError(f"accelerate config: {accelerator.distributed_type.name} trains one model per run here, and "
+                        f"this trainer trains {len(trained_models)} ({', '.join(trained_models)}); use plain data "
+                        "parallel (accelerate launch --multi_gpu) for PPO")
