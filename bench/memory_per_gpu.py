@@ -6,8 +6,8 @@ Prints the markdown table of docs/distributed.md. What is counted, per GPU, in G
 - trained state: 16 bytes per trained parameter (fp32 weights 4, gradients 4, Adam's two moments 8; DeepSpeed's
   bf16 mode keeps the same total as bf16 weights 2 + gradients 2 + fp32 master and moments 12). ZeRO-2 shards
   gradients and optimizer state over the GPUs, ZeRO-3 and FSDP also the weights.
-- reference: the frozen starting policy at 4 bytes per parameter. ZeRO-3 shards it (a DeepSpeed inference
-  engine); under DDP, ZeRO-2 and FSDP each GPU holds a full copy. With LoRA there is no copy (the reference is the
+- reference: the frozen starting policy at 4 bytes per parameter. ZeRO-3 (a DeepSpeed inference engine) and
+  FSDP2 shard it; under DDP and ZeRO-2 each GPU holds a full copy. With LoRA there is no copy (the reference is the
   policy with its adapter disabled) and the trained state is the adapter's only.
 - activations of one update micro-batch, no gradient checkpointing, bf16 autocast with fused attention (SDPA):
   about 34 x tokens x hidden bytes per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in
@@ -54,7 +54,7 @@ MODELS = [
     Shape("Qwen2.5-1.5B", 1.54e9, 1536, 28, 12, 2, 151936),
     Shape("Qwen2.5-7B", 7.62e9, 3584, 28, 28, 4, 152064),
 ]
-MODES = ["DDP", "ZeRO-2", "ZeRO-3", "FSDP (full shard)", "DDP + LoRA r 16"]
+MODES = ["DDP", "ZeRO-2", "ZeRO-3", "FSDP2 (full shard)", "DDP + LoRA r 16"]
 
 
 def per_gpu(shape: Shape, mode: str, gpus: int, micro_batch: int, prompt: int, response: int, rows: int) -> dict:
@@ -62,13 +62,13 @@ def per_gpu(shape: Shape, mode: str, gpus: int, micro_batch: int, prompt: int, r
     trained_params = shape.lora_parameters() if "LoRA" in mode else n
     if mode == "ZeRO-2":
         trained = 4 * n + 12 * n / gpus
-    elif mode in ("ZeRO-3", "FSDP (full shard)"):
+    elif mode in ("ZeRO-3", "FSDP2 (full shard)"):
         trained = 16 * n / gpus
     elif "LoRA" in mode:
         trained = 4 * n + 16 * trained_params  # frozen base weights + the adapter's full state
     else:
         trained = 16 * n
-    reference = 0.0 if "LoRA" in mode else (4 * n / gpus if mode == "ZeRO-3" else 4 * n)
+    reference = 0.0 if "LoRA" in mode else (4 * n / gpus if mode in ("ZeRO-3", "FSDP2 (full shard)") else 4 * n)
     tokens = micro_batch * (prompt + response)
     activations = 34 * tokens * shape.hidden * shape.layers + 8 * micro_batch * response * shape.vocab
     kv_cache = rows * (prompt + response) * shape.layers * 2 * shape.kv_heads * shape.head_dim * 2

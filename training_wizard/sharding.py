@@ -48,14 +48,15 @@ def needs_separate_reference(accelerator, policy: torch.nn.Module) -> bool:
 def prepare_frozen(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     """A frozen model ready for no-grad forward passes on this process.
 
-    ZeRO-3: a DeepSpeed inference engine over the partitioned model (each forward gathers a layer's weights, so
-    every process must run the same number of passes, which the collector guarantees). Anything else: the full
-    model on this process's device.
+    ZeRO-3: a DeepSpeed inference engine over the partitioned model; FSDP2: the model fully sharded. Each
+    forward pass then gathers a layer's weights at a time, so every process must run the same number of passes,
+    which the collector guarantees. Anything else (data parallel, ZeRO-1/2, FSDP1): the full model on this
+    process's device.
     """
     model.requires_grad_(False)
+    if engine_kind(accelerator) == "fsdp" and getattr(accelerator, "is_fsdp2", False):
+        return _fully_shard(model.to(accelerator.device)).eval()
     if zero_stage(accelerator) != 3:
-        if is_partitioned(model):  # loaded under ZeRO-3 settings but trained with another stage
-            raise UserError("a frozen model is partitioned but the run is not ZeRO-3; load it after the Accelerator")
         return model.to(accelerator.device).eval()
     import deepspeed
 
@@ -71,6 +72,20 @@ def prepare_frozen(accelerator, model: torch.nn.Module) -> torch.nn.Module:
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()  # DeepSpeedEngine.eval returns None, unlike Module.eval
     return engine
+
+
+def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 over a frozen model, one unit per decoder layer (the classes a model names as not to be split) and
+    one for the rest, as accelerate's transformer-based wrap does for the trained policy: each process keeps
+    1/N of the weights and gathers one layer at a time in the forward pass."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module)
+    fully_shard(model)
+    return model
 
 
 class DeepSpeedStepGuard:
