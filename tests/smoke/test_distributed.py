@@ -101,13 +101,21 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("algorithm, token_level", [("rloo", "false"), ("rloo", "true"), ("ppo", "false")],
-                         ids=["sequence_kl", "token_level_kl", "ppo"])
-def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level):
+# Every fast-path option on: logprobs from the sampling pass and the single-pass update (shared prefill and
+# cutting padding are always on).
+FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1")
+
+
+@pytest.mark.parametrize("algorithm, token_level, overrides",
+                         [("rloo", "false", ()), ("rloo", "true", ()), ("ppo", "false", ()), ("rloo", "false", FAST_PATH)],
+                         ids=["sequence_kl", "token_level_kl", "ppo", "fast_path"])
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
     # token_level_kl and PPO gather (B, T) tensors and token-count-dependent statistics across processes
-    single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level, algorithm=algorithm)
+    single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level, algorithm=algorithm,
+                    overrides=overrides)
     assert single.returncode == 0, single.stderr[-3000:]
-    double = launch(tmp_path, tiny_model_dir, "double", 2, token_level=token_level, algorithm=algorithm)
+    double = launch(tmp_path, tiny_model_dir, "double", 2, token_level=token_level, algorithm=algorithm,
+                    overrides=overrides)
     assert double.returncode == 0, double.stderr[-3000:]
 
     a = load_file(str(tmp_path / "single" / "model" / "model.safetensors"))
@@ -145,16 +153,17 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
     assert not (tmp_path / "broken" / "model").exists()
 
 
-def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("options", [(), FAST_PATH], ids=["default", "fast_path"])
+def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir, options):
     """SIGTERM one rank of a 2-process run after its second iteration: both ranks stop at the same point with a
     checkpoint; the resumed run ends with the same weights as a run that never stopped. The main process picks
     the checkpoint and every process loads it."""
-    full = launch(tmp_path, tiny_model_dir, "full", 2)
+    full = launch(tmp_path, tiny_model_dir, "full", 2, overrides=options)
     assert full.returncode == 0, full.stderr[-3000:]
     stop_rank_1 = {"TRAINING_WIZARD_FAULT_INJECT": "iteration@2#1=term"}
-    first = launch(tmp_path, tiny_model_dir, "parts", 2, env_extra=stop_rank_1)
+    first = launch(tmp_path, tiny_model_dir, "parts", 2, env_extra=stop_rank_1, overrides=options)
     assert first.returncode != 0 and first.stderr.count("exitcode  : 143") >= 1, first.stderr[-3000:]
-    rest = launch(tmp_path, tiny_model_dir, "parts", 2, overrides=["resume_from_checkpoint=latest"])
+    rest = launch(tmp_path, tiny_model_dir, "parts", 2, overrides=[*options, "resume_from_checkpoint=latest"])
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert "resumed from" in rest.stdout and "iteration 2" in rest.stdout
     a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))

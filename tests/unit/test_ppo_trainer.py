@@ -68,7 +68,7 @@ def test_rollout_values_and_advantages_are_zero_after_the_stop(tokenizer, tmp_pa
     def fixed_responses(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
         return torch.tensor([[other, eos, other, other] if row % 2 else [other] * 4 for row in range(len(seeds))])
 
-    monkeypatch.setattr(collector_module, "generate", fixed_responses)
+    monkeypatch.setattr(collector_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     trainer = make_trainer(tokenizer, tmp_path, kl_coef=0.1)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)
@@ -132,3 +132,10 @@ def test_value_logits_read_the_head_at_the_position_before_each_response_token(t
     torch.testing.assert_close(values[1], value.score(hidden[0, 2:4]).squeeze(-1))
     changed = value_logits(value, prompt, prompt_mask, torch.tensor([[31, 99], [41, 99]]))
     torch.testing.assert_close(changed, values)  # the last response token never changes a value
+
+
+def with_logprobs(tokens: torch.Tensor):
+    """A sampler's output for fixed tokens (logprobs unused unless logprobs_from_sampling is set)."""
+    from training_wizard.rollout.generation import Generated
+
+    return Generated(tokens, torch.zeros(tokens.shape))

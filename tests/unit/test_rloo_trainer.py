@@ -185,7 +185,7 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
         rows = prompt_ids.shape[0]  # even rows stop after two tokens, odd rows never stop
         return torch.tensor([[other, eos, other] if row % 2 == 0 else [other, other, other] for row in range(rows)])
 
-    monkeypatch.setattr(collector_module, "generate", fixed_responses)
+    monkeypatch.setattr(collector_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     classifier = build_sequence_classifier(tokenizer)
     trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8)
     rollout = trainer.collect_rollout()
@@ -196,3 +196,10 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
     raw = classifier_scores(classifier, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
                             rollout.response_mask, tokenizer.pad_token_id, 3)
     torch.testing.assert_close(rollout.scores - raw, torch.tensor([0.0, -5.0] * 4))
+
+
+def with_logprobs(tokens: torch.Tensor):
+    """A sampler's output for fixed tokens (logprobs unused unless logprobs_from_sampling is set)."""
+    from training_wizard.rollout.generation import Generated
+
+    return Generated(tokens, torch.zeros(tokens.shape))

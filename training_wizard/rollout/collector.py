@@ -21,7 +21,7 @@ import torch
 from training_wizard.collectives import Collectives
 from training_wizard.core.masking import truncate_after_stop
 from training_wizard.errors import UserError
-from training_wizard.rollout.generation import GenerationParams, generate
+from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
@@ -42,6 +42,7 @@ class SamplingSettings:
     missing_eos_penalty: float | None = None  # subtracted from the score of a completion without the stop token
     score_without_stop: float | None = None  # PPO's non_eos_penalty: such a completion's score is replaced by this
     gather_weights_for_generation: bool = True  # ds3_gather_for_generation
+    logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,13 @@ class RolloutCollector:
         engine = rollout_model(self.accelerator, self.policy, settings.gather_weights_for_generation)
         engine.model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
         with engine.context:
-            responses, mask, has_stop = self._sample(engine, prompt_ids, prompt_mask, seeds)
+            responses, mask, has_stop, sampled_logprobs = self._sample(engine, prompt_ids, prompt_mask, seeds)
             generated = time.perf_counter()
-            logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses)
-            ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses)
+            if settings.logprobs_from_sampling:
+                logprobs = sampled_logprobs
+            else:
+                logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+            ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
             extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
         if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
@@ -142,32 +146,35 @@ class RolloutCollector:
         )
 
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds):
-        """Responses (B, T) truncated after the stop token, their mask, and whether each has the stop token."""
+        """Responses (B, T) truncated after the stop token, their mask, whether each has the stop token, and the
+        sampling logprobs (B, T) float32 (0 after the stop token)."""
         settings, pad = self.settings, self.settings.pad_token_id
         params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad)
         all_finished = self.collectives.all_true if engine.sharded else None
         step = settings.forward_batch_size
         chunks = [
-            generate(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
-                     seeds[start : start + step], all_finished)
+            sample(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
+                   seeds[start : start + step], all_finished)
             for start in range(0, prompt_ids.shape[0], step)
         ]
         # One width on every process: token-level statistics gather (B, T) tensors across processes.
-        width = self.collectives.max_int(max(chunk.shape[1] for chunk in chunks))
-        raw = torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks])
-        return truncate_after_stop(raw, settings.stop_token_id, pad)
+        width = self.collectives.max_int(max(chunk.tokens.shape[1] for chunk in chunks))
+        raw = torch.cat([torch.nn.functional.pad(c.tokens, (0, width - c.tokens.shape[1]), value=pad) for c in chunks])
+        logprobs = torch.cat([torch.nn.functional.pad(c.logprobs, (0, width - c.logprobs.shape[1])) for c in chunks])
+        responses, mask, has_stop = truncate_after_stop(raw, settings.stop_token_id, pad)
+        return responses, mask, has_stop, torch.where(mask, logprobs, torch.zeros_like(logprobs))
 
-    def _logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+    def _logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         settings = self.settings
         return batched_logprobs(
-            model, prompt_ids, prompt_mask, responses, settings.temperature, settings.forward_batch_size
+            model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size
         )
 
-    def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+    def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         if self.ref_policy is not None:
-            return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses)
+            return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses, mask)
         with self.accelerator.unwrap_model(self.policy).disable_adapter():  # LoRA: the base model is the reference
-            return self._logprobs(model, prompt_ids, prompt_mask, responses)
+            return self._logprobs(model, prompt_ids, prompt_mask, responses, mask)
 
     def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int):
         """(scores (B,) float32 after missing_eos_penalty, reward components). A reward error on any process

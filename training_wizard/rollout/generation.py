@@ -29,6 +29,15 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+@dataclass(frozen=True)
+class Generated:
+    """tokens: (B, T) sampled ids (pad after a row's stop token); logprobs: (B, T) float32 log-probability of each
+    token under the sampling distribution (softmax(logits / temperature); temperature 1 for greedy decoding)."""
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -38,28 +47,51 @@ def generate(
     row_seeds: list[int],
     all_finished: Callable[[bool], bool] | None = None,
 ) -> torch.Tensor:
+    """The sampled tokens of `sample` (B, T): for callers that need no logprobs."""
+    return sample(model, prompt_ids, prompt_mask, params, row_seeds, all_finished).tokens
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    params: GenerationParams,
+    row_seeds: list[int],
+    all_finished: Callable[[bool], bool] | None = None,
+) -> Generated:
     """Sample up to `max_new_tokens` per row; rows that emitted the stop token continue with pad.
 
-    prompt_ids, prompt_mask: (B, P), left-padded. Returns responses (B, T) with T <= max_new_tokens (the loop ends
-    early once every row has stopped). With sharded weights every forward pass is a collective, so processes must
-    run the same number of steps: `all_finished(local_done)` then says whether every process is done.
+    prompt_ids, prompt_mask: (B, P), left-padded. T <= max_new_tokens (the loop ends early once every row has
+    stopped). With sharded weights every forward pass is a collective, so processes must run the same number of
+    steps: `all_finished(local_done)` then says whether every process is done. Rows holding the same prompt (the k
+    samples of one prompt) share one prefill: it runs once per distinct prompt and its KV cache is repeated.
+    The logprob of each sampled token comes from the logits that drew it, at no extra forward pass.
     """
     keys = torch.tensor([int(seed) for seed in row_seeds], dtype=torch.long, device=prompt_ids.device)
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     positions = position_ids_from_mask(attention_mask)
+    distinct, copies = distinct_rows(prompt_ids, attention_mask)
     out = model(
-        input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        input_ids=prompt_ids[distinct], attention_mask=attention_mask[distinct], position_ids=positions[distinct],
+        use_cache=True, logits_to_keep=1,
     )
-    past, logits = out.past_key_values, out.logits[:, -1, :]
+    past, logits = out.past_key_values, out.logits[copies, -1, :]
+    if distinct.shape[0] < batch:
+        past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    scale = params.temperature if params.temperature > 0 else 1.0
     tokens: list[torch.Tensor] = []
+    logprobs: list[torch.Tensor] = []
     for step in range(params.max_new_tokens):
         if params.temperature == 0:  # greedy (evaluation); training always samples
             token = logits.argmax(dim=-1)
         else:
             token = sample_from_logits(logits, params.temperature, keys, step)
+        scaled = logits.float() / scale
+        logprobs.append(scaled.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
         token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
         tokens.append(token)
         if params.stop_token_id is not None:
@@ -79,4 +111,21 @@ def generate(
         )
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
-    return torch.stack(tokens, dim=1)
+    return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
+
+
+def distinct_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices of the first row of each distinct prompt, for every row the position of its prompt among them).
+
+    Two rows are the same prompt when their ids and mask are equal. Order of first appearance is kept, so a batch
+    without repeats gives (arange(B), arange(B)) and runs exactly as before.
+    """
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    batch = rows.shape[0]
+    first = torch.full((int(inverse.max()) + 1,), batch, dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(batch, device=rows.device), reduce="amin")
+    order = torch.argsort(first)  # distinct prompts in order of first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=rows.device)
+    return first[order], rank[inverse]

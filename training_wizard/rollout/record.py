@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import torch
 
+from training_wizard.rollout.scoring import content_columns
+
 
 @dataclass(frozen=True)
 class Rollout:
@@ -35,13 +37,19 @@ class Rollout:
         return self.responses.shape[0]
 
     def rows(self, index: torch.Tensor) -> dict[str, Any]:
-        """The tensors an update micro-batch needs, for the rows `index`."""
+        """The tensors an update micro-batch needs, for the rows `index`, cut to their content: prompt columns
+        that are padding in every picked row and response columns after the last real token of every picked row
+        are left out (`scoring.content_columns`), so the update does no work on them. "width" is the number of
+        response columns kept (cut per-token tensors of the rows, e.g. token-level advantages, to it)."""
+        prompt_mask, response_mask = self.prompt_mask[index], self.response_mask[index]
+        first, width = content_columns(prompt_mask, response_mask)
         picked = {
-            "prompt_ids": self.prompt_ids[index],
-            "prompt_mask": self.prompt_mask[index],
-            "responses": self.responses[index],
-            "response_mask": self.response_mask[index],
-            "logprobs": self.logprobs[index],
+            "prompt_ids": self.prompt_ids[index, first:],
+            "prompt_mask": prompt_mask[:, first:],
+            "responses": self.responses[index, :width],
+            "response_mask": response_mask[:, :width],
+            "logprobs": self.logprobs[index, :width],
+            "width": width,
         }
-        picked.update({name: values[index] for name, values in self.extras.items()})
+        picked.update({name: values[index, :width] for name, values in self.extras.items()})
         return picked

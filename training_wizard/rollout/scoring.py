@@ -25,18 +25,31 @@ def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) 
     return logits[:, -keep:-1]
 
 
+def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[int, int]:
+    """(first prompt column holding a real token in any row, response columns up to the last real token of any
+    row). Columns outside are padding in every row: attention masks them out, so cutting them changes nothing but
+    the work. At least one response column is kept."""
+    real_prompt = prompt_mask.any(0).nonzero()
+    start = int(real_prompt[0]) if real_prompt.numel() else 0
+    real_response = response_mask.any(0).nonzero()
+    end = int(real_response[-1]) + 1 if real_response.numel() else 1
+    return start, end
+
+
 @torch.no_grad()
 def batched_logprobs(
-    model: torch.nn.Module, prompt_ids, prompt_mask, responses, temperature: float, batch_size: int
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int
 ) -> torch.Tensor:
-    """Per-token logprobs of the responses under `model`, `batch_size` rows at a time. -> (B, T) float32."""
-    chunks = []
+    """Per-token logprobs of the responses under `model`, `batch_size` rows at a time, each chunk cut to its
+    content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk."""
+    out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
     for start in range(0, responses.shape[0], batch_size):
         part = slice(start, start + batch_size)
-        logits = response_logits(model, prompt_ids[part], prompt_mask[part], responses[part])
-        chunks.append(selective_logprobs(logits, responses[part], temperature))
+        first, end = content_columns(prompt_mask[part], response_mask[part])
+        logits = response_logits(model, prompt_ids[part, first:], prompt_mask[part, first:], responses[part, :end])
+        out[part, :end] = selective_logprobs(logits, responses[part, :end], temperature)
         del logits
-    return torch.cat(chunks, dim=0)
+    return out
 
 
 @torch.no_grad()

@@ -157,6 +157,7 @@ class OnPolicyTrainer:
             forward_batch_size=config.local_rollout_forward_batch_size,
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
+            logprobs_from_sampling=config.logprobs_from_sampling,
         )
 
     def _stop_token_id(self) -> int | None:
@@ -394,8 +395,10 @@ class OnPolicyTrainer:
 
     def _micro_step(self, rollout, shaped: ShapedRewards, index, stats, flags: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its real ratios (flattened) for val/ratio."""
-        rows = rollout.rows(index)
-        shaped_rows = {name: value[index] for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
+        rows = rollout.rows(index)  # cut to the rows' content: no work on padding
+        width = rows.pop("width")
+        shaped_rows = {name: value[index, :width] if value.dim() == 2 else value[index]
+                       for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
         out = self.micro_batch_loss(rows, shaped_rows)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")

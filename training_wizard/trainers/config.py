@@ -134,6 +134,19 @@ class OnPolicyConfig(Spec):
     ds3_gather_for_generation: bool = Field(
         True, description="Under DeepSpeed ZeRO-3, gather full weights for generation (faster, more memory)."
     )
+    logprobs_from_sampling: bool = Field(
+        False,
+        description="Take the policy's rollout logprobs (KL penalty, the ratio's old side) from the logits that "
+        "sampled each token instead of a second forward pass over the completions: one forward pass less per "
+        "iteration. In float32 the two agree to rounding; in bf16/fp16 a cached decode and a full forward pass "
+        "differ more, which is why the default recomputes them (the N+ implementation details).",
+    )
+
+    @property
+    def single_update_pass(self) -> bool:
+        """One epoch of one mini-batch: the update sees each rollout once, with the weights that sampled it, so
+        the ratio's old side is the update's own logprobs, detached (ratio exactly 1, as TRL does)."""
+        return self.num_ppo_epochs == 1 and self.num_mini_batches == 1
 
     def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
         """Derive every batch size once, checking divisibility with an error that names both numbers."""

@@ -85,7 +85,8 @@ class PPOTrainer(OnPolicyTrainer):
         config, mask = self.config, rows["response_mask"]
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         logprobs = selective_logprobs(logits, rows["responses"], config.temperature)
-        policy_out = clipped_surrogate_token(logprobs, rows["logprobs"], shaped["advantages"], mask, config.cliprange)
+        old = logprobs.detach() if config.single_update_pass else rows["logprobs"]
+        policy_out = clipped_surrogate_token(logprobs, old, shaped["advantages"], mask, config.cliprange)
         values = value_logits(self.value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
                                                         config.cliprange_value)

@@ -41,8 +41,9 @@ class RLOOTrainer(OnPolicyTrainer):
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         logprobs = selective_logprobs(logits, rows["responses"], self.config.temperature)
+        old = logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
         surrogate = clipped_surrogate_token if self.config.token_level_kl else clipped_surrogate_sequence
-        out = surrogate(logprobs, rows["logprobs"], shaped["advantages"], rows["response_mask"], self.config.cliprange)
+        out = surrogate(logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange)
         stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
                  "policy/clipfrac_avg": out.clipfrac}
         return MicroBatchLoss(loss=out.loss, logits=logits, ratio=out.ratio, stats=stats)

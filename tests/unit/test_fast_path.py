@@ -1,0 +1,132 @@
+"""The fast path of an iteration: logprobs from the sampling pass, one prefill per distinct prompt, no work on
+padding, and the single-pass update. Each must give what the longer way gives."""
+
+import pytest
+import torch
+
+from training_wizard import RLOOConfig, RLOOTrainer
+from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
+from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.scoring import batched_logprobs, content_columns, response_logits
+from training_wizard.core.logprobs import selective_logprobs
+from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.tracking.metrics import read_metrics
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def x_share(prompts, completions, **columns):
+    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
+
+
+def make_trainer(tokenizer, tmp_path, **overrides):
+    options = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, rloo_k=4, total_episodes=16,
+                   response_length=6, num_sample_generations=0, learning_rate=1e-3, temperature=1.0, seed=4)
+    options.update(overrides)
+    return RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=2),
+                       reward_model=x_share, train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+
+
+def left_padded(tokenizer, texts):
+    rows = [tokenizer(text)["input_ids"] for text in texts]
+    width, pad = max(map(len, rows)), tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    return ids, ids != pad
+
+
+def test_sampling_logprobs_equal_a_forward_pass_over_the_completions(tokenizer, tmp_path):
+    forward = make_trainer(tokenizer, tmp_path / "a").collect_rollout()
+    sampled = make_trainer(tokenizer, tmp_path / "b", logprobs_from_sampling=True).collect_rollout()
+    assert torch.equal(forward.responses, sampled.responses)
+    mask = forward.response_mask
+    assert (forward.logprobs - sampled.logprobs)[mask].abs().max() < 1e-5
+    assert (sampled.logprobs[~mask] == 0).all()
+    assert torch.equal(forward.ref_logprobs, sampled.ref_logprobs)
+
+
+def test_logprobs_from_sampling_skips_one_forward_pass_per_iteration(tokenizer, tmp_path):
+    def full_sequence_passes(trainer):
+        calls = []
+        model = trainer.unwrapped_policy
+        hook = model.register_forward_pre_hook(
+            lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]) if "past_key_values" not in kwargs
+            else None, with_kwargs=True)
+        trainer.collect_rollout()
+        hook.remove()
+        return len(calls)
+
+    recompute = full_sequence_passes(make_trainer(tokenizer, tmp_path / "a"))
+    reuse = full_sequence_passes(make_trainer(tokenizer, tmp_path / "b", logprobs_from_sampling=True))
+    assert recompute - reuse == 1  # prefill and reference remain; the old-logprob pass is gone
+
+
+def test_k_samples_of_a_prompt_share_one_prefill_and_draw_what_they_drew_alone(tokenizer):
+    model = build_causal_lm(tokenizer, seed=1).eval()
+    params = GenerationParams(max_new_tokens=5, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now"] * 3)
+    first, copies = distinct_rows(ids, mask)
+    assert first.tolist() == [0, 1] and copies.tolist() == [0, 1, 0, 1, 0, 1]
+    prefill_rows = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape[0])
+        if kwargs.get("past_key_values") is None else None, with_kwargs=True)
+    shared = sample(model, ids, mask, params, row_seeds=list(range(6)))
+    hook.remove()
+    assert prefill_rows == [2]
+    for row in range(6):
+        keep = mask[row]
+        alone = sample(model, ids[row : row + 1, keep], mask[row : row + 1, keep], params, row_seeds=[row])
+        assert torch.equal(shared.tokens[row], alone.tokens[0])
+        assert (shared.logprobs[row] - alone.logprobs[0]).abs().max() < 1e-5
+
+
+def test_no_repeated_prompts_keep_the_plain_prefill():
+    ids = torch.arange(12).reshape(4, 3)
+    first, copies = distinct_rows(ids, torch.ones_like(ids, dtype=torch.bool))
+    assert first.tolist() == [0, 1, 2, 3] and copies.tolist() == [0, 1, 2, 3]
+
+
+def test_cutting_padding_columns_changes_no_logprob(tokenizer):
+    model = build_causal_lm(tokenizer, seed=3).eval()
+    ids, mask = left_padded(tokenizer, ["Hi", "Write something about the sea shore", "Paraphrase"])
+    pad = tokenizer.pad_token_id
+    # extra all-padding prompt columns on the left, and responses that stop early (pad after the stop)
+    ids = torch.cat([torch.full((3, 2), pad), ids], 1)
+    mask = torch.cat([torch.zeros(3, 2, dtype=torch.bool), mask], 1)
+    responses = torch.tensor([[7, 8, pad, pad, pad, pad], [9, 10, 11, pad, pad, pad], [12, pad, pad, pad, pad, pad]])
+    response_mask = responses != pad
+    assert content_columns(mask, response_mask) == (2, 3)
+    with torch.no_grad():
+        full = selective_logprobs(response_logits(model, ids, mask, responses), responses)
+    cut = batched_logprobs(model, ids, mask, responses, response_mask, 1.0, batch_size=2)
+    assert cut.shape == full.shape
+    assert (cut - full)[response_mask].abs().max() < 1e-5
+    assert (cut[:, 3:] == 0).all()
+
+
+def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):
+    rollout = make_trainer(tokenizer, tmp_path).collect_rollout()
+    pad = tokenizer.pad_token_id
+    mask = rollout.response_mask.clone()
+    mask[:, 3:] = False  # every row stopped by token 3
+    padded_prompts = torch.cat([torch.full((rollout.num_rows, 2), pad), rollout.prompt_ids], 1)
+    padded_mask = torch.cat([torch.zeros(rollout.num_rows, 2, dtype=torch.bool), rollout.prompt_mask], 1)
+    cut = Rollout(prompt_ids=padded_prompts, prompt_mask=padded_mask, responses=rollout.responses,
+                  response_mask=mask, has_stop=rollout.has_stop, logprobs=rollout.logprobs,
+                  ref_logprobs=rollout.ref_logprobs, scores=rollout.scores, queries=rollout.queries,
+                  completions=rollout.completions).rows(torch.arange(4))
+    assert cut["width"] == 3 and cut["responses"].shape == (4, 3) and cut["logprobs"].shape == (4, 3)
+    assert torch.equal(cut["prompt_ids"], rollout.prompt_ids[:4])
+
+
+def test_single_pass_update_has_ratio_exactly_one_and_learns(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1, logprobs_from_sampling=True,
+                           total_episodes=8 * 3)
+    trainer.train()
+    metrics = read_metrics(tmp_path)
+    assert all(m["val/ratio"] == 1.0 and m["policy/approxkl_avg"] == 0.0 for m in metrics)
+    assert all(m["policy/clipfrac_avg"] == 0.0 for m in metrics)
+    assert abs(metrics[0]["objective/kl"]) < 1e-5  # sampling logprobs vs the reference pass: rounding only
