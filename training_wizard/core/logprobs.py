@@ -27,7 +27,7 @@ def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: 
     size = _row_chunks(logits)
     picked = []
     for part, ids in zip(logits.split(size), tokens.split(size)):
-        scaled = part.float() / temperature
+        scaled = part.float() if temperature == 1.0 else part.float() / temperature  # float32 logits: no copy
         picked.append(scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
     return torch.cat(picked)
 

@@ -20,7 +20,8 @@ def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) 
     # Only the last T + 1 positions need the vocabulary projection (the largest matmul for small models).
     keep = responses.shape[1] + 1
     logits = model(
-        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), logits_to_keep=keep
+        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), logits_to_keep=keep,
+        use_cache=False,  # one pass, no decoding after it (and no warning under activation checkpointing)
     ).logits
     return logits[:, -keep:-1]
 

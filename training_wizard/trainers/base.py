@@ -187,7 +187,7 @@ class OnPolicyTrainer:
         check_supported(self.accelerator, unprepared)
         if config.gradient_checkpointing:
             for model in unprepared.values():
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(model)
                 if hasattr(model, "enable_input_require_grads"):
                     model.enable_input_require_grads()
         params = [p for model in unprepared.values() for p in model.parameters() if p.requires_grad]
@@ -402,10 +402,8 @@ class OnPolicyTrainer:
         out = self.micro_batch_loss(rows, shaped_rows)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")
-        with torch.no_grad():
-            logits = out.logits.detach()
-            entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
-            # numerical guard: one isfinite reduction per tensor, no host sync here
+        logits = out.logits.detach()
+        with torch.no_grad():  # numerical guard: one isfinite reduction per tensor, no host sync here
             flags |= ~torch.stack([guards.all_finite(logits), guards.all_finite(out.loss.detach())])
         loss = out.loss
         if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
@@ -413,6 +411,8 @@ class OnPolicyTrainer:
         ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
             loss = self.deepspeed_guard.poison(loss)
         self.accelerator.backward(loss)
+        with torch.no_grad():  # after the backward: its softmax work space is not added to the graph's peak
+            entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
         for name, value in out.stats.items():
             stats[name].append(value)
         stats["policy/entropy_avg"].append(entropy)
@@ -562,3 +562,14 @@ def disable_dropout(model: torch.nn.Module) -> None:
     for name in _DROPOUT_RATE_ATTRIBUTES:
         if config is not None and isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant). transformers 5 renamed the method
+    (`activation_checkpointing_enable`) and warns on the old name; a peft model forwards either to its base."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
