@@ -122,6 +122,23 @@ def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tm
     assert all(torch.isfinite(p).all() for p in trainer.unwrapped_policy.parameters())  # never stepped on NaN
 
 
+def test_a_minus_inf_logit_in_the_update_stops_with_one_line_naming_the_logits(tokenizer, tmp_path):
+    """A -inf logit leaves the chosen tokens' logprobs and the loss finite; the guard must still see it."""
+    trainer = make(tokenizer, tmp_path)
+    head = trainer.unwrapped_policy.get_output_embeddings()
+
+    def minus_inf_in_training(module, args, output):
+        if module.training:
+            output = output.clone()
+            output[0, 0, 0] = -float("inf")  # the last position predicts nothing and is dropped
+            return output
+
+    head.register_forward_hook(minus_inf_in_training)
+    with pytest.raises(UserError) as failure:
+        trainer.train()
+    assert str(failure.value).startswith("training: non-finite logits at step 0 (ppo epoch 0, mini-batch 0)")
+
+
 def test_skip_nonfinite_batches_skips_the_step_and_counts_it(tokenizer, tmp_path):
     trainer = make(tokenizer, tmp_path, skip_nonfinite_batches=True)
     real_loss, calls = trainer.micro_batch_loss, []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -30,6 +32,37 @@ def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: 
         scaled = part.float() if temperature == 1.0 else part.float() / temperature  # float32 logits: no copy
         picked.append(scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
     return torch.cat(picked)
+
+
+@dataclass
+class TokenLogprobs:
+    """What the update needs from a micro-batch's policy logits, so the logits themselves need not outlive the
+    forward pass. logprobs: (B, T) float32 with gradient; entropy: (B, T) float32, detached."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> TokenLogprobs:
+    """`selective_logprobs` and `entropy_from_logits` in one pass over each chunk, sharing its logsumexp.
+
+    The update used to keep the (B, T, V) logits alive through the backward to take the entropy afterwards;
+    here the entropy is taken from the chunk already in hand, so the logits are freed as soon as the backward
+    has used them. The entropy is non-finite at a position exactly when one of its logits is (a -inf logit
+    gives 0 x -inf), which makes it the update's finiteness check of the logits as well.
+    """
+    size = _row_chunks(logits)
+    picked, entropies = [], []
+    for part, ids in zip(logits.split(size), tokens.split(size)):
+        scaled = part.float() if temperature == 1.0 else part.float() / temperature
+        log_z = torch.logsumexp(scaled, dim=-1)
+        picked.append(scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - log_z)
+        with torch.no_grad():
+            values, log_z = scaled.detach(), log_z.detach()
+            weighted = (values - log_z.unsqueeze(-1)).exp_().mul_(values)  # p * logit, one work tensor
+            entropies.append(log_z - weighted.sum(-1))
+            del weighted
+    return TokenLogprobs(torch.cat(picked), torch.cat(entropies))
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

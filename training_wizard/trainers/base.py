@@ -30,7 +30,6 @@ from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
-from training_wizard.core.logprobs import entropy_from_logits
 from training_wizard.core.masking import masked_mean
 from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
@@ -87,12 +86,14 @@ class PromptBatch:
 class MicroBatchLoss:
     """What one micro-batch's forward pass gives the update loop (subclass hook `micro_batch_loss`).
 
-    loss: scalar to back-propagate; logits: (b, T, V) policy logits (for entropy and the guard); ratio: (b,) or
-    (b, T) policy ratios (summarised as val/ratio); stats: scalar metrics averaged over micro-batches.
+    loss: scalar to back-propagate; entropy: (b, T) detached policy entropy (for its metric, and the guard: it
+    is non-finite where a logit is, see `logprobs_and_entropy`); ratio: (b,) or (b, T) policy ratios (summarised
+    as val/ratio); stats: scalar metrics averaged over micro-batches. Holding no logits lets the backward free
+    them as soon as it has used them.
     """
 
     loss: torch.Tensor
-    logits: torch.Tensor
+    entropy: torch.Tensor
     ratio: torch.Tensor
     stats: dict[str, torch.Tensor]  # at least "loss/policy_avg", "policy/approxkl_avg", "policy/clipfrac_avg"
 
@@ -402,17 +403,15 @@ class OnPolicyTrainer:
         out = self.micro_batch_loss(rows, shaped_rows)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")
-        logits = out.logits.detach()
         with torch.no_grad():  # numerical guard: one isfinite reduction per tensor, no host sync here
-            flags |= ~torch.stack([guards.all_finite(logits), guards.all_finite(out.loss.detach())])
+            flags |= ~torch.stack([guards.all_finite(out.entropy), guards.all_finite(out.loss.detach())])
+            entropy = masked_mean(out.entropy, rows["response_mask"])
         loss = out.loss
         if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
             self.collectives.any_true(*flags.tolist())
         ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
             loss = self.deepspeed_guard.poison(loss)
         self.accelerator.backward(loss)
-        with torch.no_grad():  # after the backward: its softmax work space is not added to the graph's peak
-            entropy = masked_mean(entropy_from_logits(logits, self.config.temperature), rows["response_mask"])
         for name, value in out.stats.items():
             stats[name].append(value)
         stats["policy/entropy_avg"].append(entropy)

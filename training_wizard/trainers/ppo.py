@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from training_wizard.core.advantages import ShapedRewards, local_moments
-from training_wizard.core.logprobs import selective_logprobs
+from training_wizard.core.logprobs import logprobs_and_entropy
 from training_wizard.core.losses import clipped_surrogate_token
 from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
 from training_wizard.rollout.collector import SamplingSettings
@@ -84,7 +84,8 @@ class PPOTrainer(OnPolicyTrainer):
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         config, mask = self.config, rows["response_mask"]
         logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        logprobs = selective_logprobs(logits, rows["responses"], config.temperature)
+        token = logprobs_and_entropy(logits, rows["responses"], config.temperature)
+        logprobs = token.logprobs
         old = logprobs.detach() if config.single_update_pass else rows["logprobs"]
         policy_out = clipped_surrogate_token(logprobs, old, shaped["advantages"], mask, config.cliprange)
         values = value_logits(self.value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
@@ -98,7 +99,7 @@ class PPOTrainer(OnPolicyTrainer):
             "val/clipfrac_avg": value_clipfrac.detach(),
         }
         loss = policy_out.loss + config.vf_coef * value_loss
-        return MicroBatchLoss(loss=loss, logits=logits, ratio=policy_out.ratio, stats=stats)
+        return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=policy_out.ratio, stats=stats)
 
 
 def _default_value_model(policy: torch.nn.Module, reward_model) -> torch.nn.Module:
