@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_rloo.py [--pairs 2] [--configs 25m:32,25m:64,smollm2-lora:32]
         [--warmup 1] [--iterations 3] [--json results.json] [--ours-option key=value ...]
+        [--gradient-checkpointing on|off] [--dtype float32|bfloat16]
 
 What it does:
 - Builds the models once, offline, into `--cache` (default ~/.cache/training-wizard/bench): a byte-level BPE
@@ -22,7 +23,8 @@ Equal settings (one iteration = one generation + one optimizer step on both side
   one epoch, one mini-batch                            TRL: num_iterations=1; ours: num_ppo_epochs=1, num_mini_batches=1
   KL coefficient 0.05 in the reward (k1, sequence)     TRL: beta=0.05 (RLOO puts beta x KL in the reward)
   temperature 1.0, max new tokens 32 or 64             TRL: max_completion_length; ours: response_length
-  learning rate 1e-6, AdamW, clip 1.0, fp32 on CPU     TRL: use_cpu=True, bf16=False
+  learning rate 1e-6, AdamW, clip 1.0, on CPU          TRL: use_cpu=True, bf16=False (no autocast)
+  weights float32 (or bfloat16 with --dtype)           both load the model in that dtype
   gradient checkpointing on (TRL's default) or off     `--gradient-checkpointing`, the same on both sides
   plain-text prompts, no special tokens, no template   both tokenize the strings as they are
   the same reward (share of 'e' characters)            a plain Python function on both sides
@@ -36,7 +38,9 @@ Printed per configuration: episodes/s of every run, median and range per side, t
 seconds per iteration split into generation (with the logprob passes) and update, peak RSS, mean completion
 length, mean reward per iteration on both sides, and model-FLOP utilisation: FLOPs per iteration (2 x parameters
 x tokens per forward pass, 3x that for the update's forward and backward, counting the passes each side makes)
-over the measured float32 matmul rate of this machine.
+over the measured matmul rate of this machine in the weights' dtype; and the bound that decides what equal
+settings allow: our passes' matrix products at that rate (recomputation counted under activation checkpointing)
+against the seconds per iteration that twice TRL's speed would need.
 """
 
 from __future__ import annotations
@@ -131,12 +135,12 @@ def ensure_trl_venv(venv: Path) -> Path:
     return python
 
 
-def matmul_rate(threads: int) -> float:
-    """Float32 GFLOP/s of this machine on a matmul shaped like the 25M model's MLP, `threads` threads."""
+def matmul_rate(threads: int, dtype: str = "float32") -> float:
+    """GFLOP/s of this machine on a matmul shaped like the 25M model's MLP, in `dtype`, `threads` threads."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 512), torch.randn(512, 1408)
+    a, b = torch.randn(2048, 512, dtype=getattr(torch, dtype)), torch.randn(512, 1408, dtype=getattr(torch, dtype))
     for _ in range(3):
         a @ b
     started, repeats = time.perf_counter(), 20
@@ -180,7 +184,7 @@ def worker_ours(args) -> dict:
     lora = {"r": 16, "alpha": 32, "target_modules": "all-linear"} if args.lora else None
     spec = TransformerSpec(pretrained_name=args.model, lora=lora)
     tokenizer = spec.load_tokenizer()
-    policy = spec.apply_lora(spec.load_causal_lm("float32"))
+    policy = spec.apply_lora(spec.load_causal_lm(args.dtype))
     iterations = args.warmup + args.iterations
     options = dict(output_dir=args.out, per_device_train_batch_size=PROMPTS_PER_ITERATION * K, rloo_k=K,
                    response_length=args.length, total_episodes=PROMPTS_PER_ITERATION * K * iterations,
@@ -210,11 +214,27 @@ def worker_ours(args) -> dict:
         "seconds": seconds, "episodes": PROMPTS_PER_ITERATION * K * len(seconds), "peak_mb": peak_mb(),
         "generation_s": statistics.mean(m["time/generation"] for m in timed_metrics),
         "update_s": statistics.mean(m["time/update"] for m in timed_metrics),
+        "update_each_s": [m["time/update"] for m in timed_metrics],
         "completion_length": statistics.mean(m["completions/mean_length"] for m in timed_metrics),
         "scores": [m["objective/scores"] for m in metrics],
         "parameters": sum(p.numel() for p in trainer.unwrapped_policy.parameters()),
         "old_logprob_pass": not options.get("logprobs_from_sampling", False), "shared_prefill": True,
     }
+
+
+def run_ours(checkout: Path, model: Path, length: int, out: Path, *, warmup: int, iterations: int, threads: int,
+             checkpointing: str, options: list[str]) -> dict:
+    """One fresh process of `worker_ours` with PYTHONPATH at `checkout` (a revision of training-wizard); returns
+    its result, or exits with its error."""
+    command = [sys.executable, str(REPO / "bench" / "bench_rloo.py"), "--worker", "ours", "--model", str(model),
+               "--length", str(length), "--out", str(out), "--result", f"{out}.json", "--warmup", str(warmup),
+               "--iterations", str(iterations), "--threads", str(threads), "--gradient-checkpointing", checkpointing,
+               *[f"--ours-option={option}" for option in options]]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"run of {checkout} with {options} failed:\n{done.stderr[-3000:]}")
+    return json.loads(Path(f"{out}.json").read_text())
 
 
 def worker_trl(args) -> dict:
@@ -226,7 +246,7 @@ def worker_trl(args) -> dict:
     from trl import RLOOConfig, RLOOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
     peft_config = None
     if args.lora:
         from peft import LoraConfig
@@ -282,12 +302,14 @@ def worker_trl(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ report
-def flops_per_iteration(result: dict, prompt_tokens: int, length: int) -> float:
-    """2 N per token per forward pass; the update's forward and backward count 3 forward passes."""
+def flops_per_iteration(result: dict, prompt_tokens: int, length: int, recompute: bool = False) -> float:
+    """2 N per token per forward pass; the update's forward and backward count 3 forward passes, 4 with
+    `recompute` (activation checkpointing runs the forward again during the backward)."""
     n, rows = result["parameters"], PROMPTS_PER_ITERATION * K
     sequence = rows * (prompt_tokens + length)
     prefill = (PROMPTS_PER_ITERATION if result["shared_prefill"] else rows) * prompt_tokens
-    passes = 1 + (1 if result["old_logprob_pass"] else 0) + 3  # reference, old logprobs, update
+    update = 4 if recompute else 3
+    passes = 1 + (1 if result["old_logprob_pass"] else 0) + update  # reference, old logprobs, update
     return 2 * n * (prefill + rows * length + passes * sequence)
 
 
@@ -299,7 +321,7 @@ def prompt_length(folder: Path) -> float:
     return statistics.mean(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS)
 
 
-def report(results: dict, rate: float) -> None:
+def report(results: dict, rate: float, checkpointing: bool) -> None:
     for name, runs in results.items():
         length = int(name.split(":")[1])
         prompt_tokens = runs[0]["result"]["prompt_tokens"]
@@ -324,6 +346,13 @@ def report(results: dict, rate: float) -> None:
         memory = [o["peak_mb"] / t["peak_mb"] for t, o in pairs]
         print(f"ours/TRL episodes/s per pair: {', '.join(f'{x:.2f}' for x in ratios)}; "
               f"peak memory ours/TRL: {', '.join(f'{x:.2f}' for x in memory)}")
+        # The bound that settles what equal settings allow: our passes' matrix products alone, at the measured
+        # matmul rate, against the time per iteration that twice TRL's speed would need.
+        trl_seconds = statistics.median(statistics.mean(r["result"]["seconds"]) for r in runs if r["side"] == "trl")
+        ours = next(r["result"] for r in runs if r["side"] == "ours")
+        floor = flops_per_iteration(ours, prompt_tokens, length, recompute=checkpointing) / (rate * 1e9)
+        print(f"twice TRL's speed needs {trl_seconds / 2:.2f} s/iteration; our passes' matrix products alone take "
+              f"{floor:.2f} s at {rate:.0f} GFLOP/s (activation recomputation {'counted' if checkpointing else 'off'})")
 
 
 def main() -> None:
@@ -339,6 +368,8 @@ def main() -> None:
                         help="key=value for our RLOOConfig (repeatable); default logprobs_from_sampling=true")
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
                         help="the same on both sides; on is TRL's RLOOConfig default")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the models' weights on both sides (bfloat16: pure bf16 weights and optimizer state)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--worker", choices=["ours", "trl"])
     parser.add_argument("--model")
@@ -357,8 +388,8 @@ def main() -> None:
     started = time.perf_counter()
     folders = build_models(args.cache)
     trl_python = ensure_trl_venv(args.trl_venv)
-    rate = matmul_rate(args.threads)
-    print(f"float32 matmul rate, {args.threads} threads: {rate:.0f} GFLOP/s; ours with {args.ours_option}; "
+    rate = matmul_rate(args.threads, args.dtype)
+    print(f"{args.dtype} matmul rate, {args.threads} threads: {rate:.0f} GFLOP/s; ours with {args.ours_option}; "
           f"gradient checkpointing {args.gradient_checkpointing} on both sides", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
@@ -376,7 +407,7 @@ def main() -> None:
                     command = [python, __file__, "--worker", side, "--model", str(folder), "--length", length,
                                "--out", str(out), "--result", str(out) + ".json", "--warmup", str(args.warmup),
                                "--iterations", str(args.iterations), "--threads", str(args.threads),
-                               "--gradient-checkpointing", args.gradient_checkpointing]
+                               "--gradient-checkpointing", args.gradient_checkpointing, "--dtype", args.dtype]
                     command += ["--lora"] if model_name.endswith("lora") else []
                     command += [f"--ours-option={item}" for item in args.ours_option]
                     began = time.perf_counter()
@@ -389,10 +420,12 @@ def main() -> None:
                     eps = result["episodes"] / sum(result["seconds"])
                     print(f"{config} pair {pair} {side}: {eps:.2f} episodes/s ({time.perf_counter() - began:.0f} s "
                           f"in all{f', waited {waited:.0f} s for a quiet machine' if waited > 1 else ''})", flush=True)
-    report(results, rate)
+    report(results, rate, args.gradient_checkpointing == "on")
     print(f"\nbench time: {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
-        args.json.write_text(json.dumps({"matmul_gflops": rate, "threads": args.threads, "results": results}, indent=1))
+        args.json.write_text(json.dumps({"matmul_gflops": rate, "threads": args.threads, "dtype": args.dtype,
+                                         "gradient_checkpointing": args.gradient_checkpointing,
+                                         "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ logprob passes) and update, the ratio to the earlier revision, and the scores pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from bench_rloo import build_models, wait_for_quiet  # noqa: E402
+from bench_rloo import build_models, run_ours, wait_for_quiet  # noqa: E402
 
 
 def main() -> None:
@@ -42,25 +40,17 @@ def main() -> None:
     args = parser.parse_args()
     folder = build_models(args.cache)[args.model]
     variants = [("before", args.before.resolve(), []), ("after", REPO, []),
-                ("after, logprobs_from_sampling", REPO, ["--ours-option=logprobs_from_sampling=true"])]
+                ("after, logprobs_from_sampling", REPO, ["logprobs_from_sampling=true"])]
     results: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             for index, (name, checkout, extra) in enumerate(variants):
                 wait_for_quiet()
-                out = Path(scratch) / f"{round_index}-{index}"
-                command = [sys.executable, str(REPO / "bench" / "bench_rloo.py"), "--worker", "ours",
-                           "--model", str(folder), "--length", str(args.length), "--out", str(out),
-                           "--result", f"{out}.json", "--warmup", "1", "--iterations", str(args.iterations),
-                           "--threads", str(args.threads), "--gradient-checkpointing", "off",
-                           f"--ours-option=learning_rate={args.learning_rate}", *extra]
-                env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(checkout),
-                       "HF_HUB_OFFLINE": "1"}
                 began = time.perf_counter()
-                done = subprocess.run(command, env=env, capture_output=True, text=True)
-                if done.returncode != 0:
-                    sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
-                results[name].append(json.loads(Path(f"{out}.json").read_text()))
+                results[name].append(run_ours(
+                    checkout, folder, args.length, Path(scratch) / f"{round_index}-{index}", warmup=1,
+                    iterations=args.iterations, threads=args.threads, checkpointing="off",
+                    options=[f"learning_rate={args.learning_rate}", *extra]))
                 print(f"round {round_index} {name}: {time.perf_counter() - began:.0f} s", flush=True)
     base = statistics.median(statistics.mean(r["seconds"]) for r in results["before"])
     print("\n| variant | s/iteration (median of rounds) | generation + logprob passes s | update s | "

@@ -28,7 +28,7 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.guards import first_nonfinite_parameter
-from training_wizard.sharding import SHARDED_STATE, engine_kind
+from training_wizard.sharding import SHARDED_STATE, deepspeed_lookup_skipped, engine_kind, unwrap_model
 from training_wizard.signals import fault_point
 
 MANIFEST = "manifest.json"
@@ -121,7 +121,7 @@ def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None
     models = trainer.checkpoint_models()
     error, bug = None, None
     for model in models.values():
-        bad = first_nonfinite_parameter(trainer.accelerator.unwrap_model(model))
+        bad = first_nonfinite_parameter(unwrap_model(trainer.accelerator, model))
         if bad is not None and error is None:
             error = (f"checkpoint step-{step} not written: parameter '{bad}' has non-finite values (NaN/inf); the "
                      "previous checkpoint is kept. Lower training.learning_rate or set "
@@ -192,10 +192,11 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # keep stderr for our own one-line messages
     try:
-        for name, model in trainer.checkpoint_models().items():
-            accelerator.unwrap_model(model).save_pretrained(
-                staging / name, state_dict=state_dicts[name], safe_serialization=True
-            )
+        with deepspeed_lookup_skipped(accelerator):  # save_pretrained unwraps through accelerate
+            for name, model in trainer.checkpoint_models().items():
+                unwrap_model(accelerator, model).save_pretrained(
+                    staging / name, state_dict=state_dicts[name], safe_serialization=True
+                )
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()
@@ -353,7 +354,7 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     else:
         optimizer_state = _load_plain(folder / "optimizer.pt")
         for name, model in trainer.checkpoint_models().items():
-            _load_weights(accelerator.unwrap_model(model), folder / name)
+            _load_weights(unwrap_model(accelerator, model), folder / name)
         trainer.optimizer.load_state_dict(optimizer_state)
     trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from training_wizard.core.advantages import normalize_and_clip, reward_to_go, rloo_advantages, whiten
 from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
-from training_wizard.core.logprobs import entropy_from_logits, selective_logprobs
+from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.core.masking import first_true_index, masked_mean, truncate_after_stop
 
@@ -85,7 +85,7 @@ def test_selective_logprobs_and_entropy_match_full_softmax():
     full = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens[..., None]).squeeze(-1)
     torch.testing.assert_close(selective_logprobs(logits, tokens, 0.7), full)
     probs = torch.softmax(logits, -1)
-    torch.testing.assert_close(entropy_from_logits(logits), -(probs * probs.log()).sum(-1))
+    torch.testing.assert_close(logprobs_and_entropy(logits, tokens).entropy, -(probs * probs.log()).sum(-1))
 
 
 def test_masked_mean_ignores_masked_and_is_zero_when_empty():

@@ -8,7 +8,7 @@ from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, content_columns, response_logits
-from training_wizard.core.logprobs import entropy_from_logits, logprobs_and_entropy, selective_logprobs
+from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm, build_tokenizer
 from training_wizard.tracking.metrics import read_metrics
 
@@ -137,7 +137,8 @@ def test_logprobs_and_entropy_equal_the_separate_functions_and_their_gradient():
     logits = torch.randn(3, 4, 17, requires_grad=True)
     tokens = torch.randint(0, 17, (3, 4))
     both = logprobs_and_entropy(logits, tokens, 0.7)
-    torch.testing.assert_close(both.entropy, entropy_from_logits(logits.detach(), 0.7))
+    probs = torch.softmax(logits.detach() / 0.7, -1)
+    torch.testing.assert_close(both.entropy, -(probs * probs.log()).sum(-1))
     assert not both.entropy.requires_grad
     both.logprobs.sum().backward()
     fused_grad, logits.grad = logits.grad, None
@@ -180,3 +181,21 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
     monkeypatch.setattr(trainer.accelerator, "backward", tracked_backward)
     trainer.train()
     assert alive_after_backward == [False] * 2  # 2 iterations x 1 micro-batch
+
+
+@pytest.mark.slow  # about 40 s of compilation on a 2-core CPU
+def test_a_compiled_update_trains_like_the_eager_one(tokenizer, tmp_path):
+    """torch_compile compiles the update's forward (dynamic shapes: the update rows' widths vary per iteration);
+    the run must match the eager run to rounding, metric by metric and weight by weight."""
+    runs = {}
+    for compiled in (False, True):
+        trainer = make_trainer(tokenizer, tmp_path / str(compiled), torch_compile=compiled, total_episodes=8 * 3,
+                               num_ppo_epochs=2, num_mini_batches=2)
+        trainer.train()
+        runs[compiled] = (read_metrics(tmp_path / str(compiled)), trainer.unwrapped_policy.state_dict())
+    assert isinstance(trainer.update_forward["model"], torch._dynamo.eval_frame.OptimizedModule)
+    (eager_metrics, eager_weights), (compiled_metrics, compiled_weights) = runs[False], runs[True]
+    for eager, compiled in zip(eager_metrics, compiled_metrics, strict=True):
+        for key in ("loss/policy_avg", "policy/entropy_avg", "policy/approxkl_avg", "objective/scores"):
+            assert abs(eager[key] - compiled[key]) < 1e-5, key
+    assert all((eager_weights[k] - compiled_weights[k]).abs().max() < 1e-5 for k in eager_weights)

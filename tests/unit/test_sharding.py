@@ -28,6 +28,28 @@ def test_two_trained_models_are_refused_under_an_engine_in_one_line():
     check_supported(fake_accelerator("DEEPSPEED", 2), {"model": models["model"]})
 
 
+def test_a_run_without_deepspeed_does_not_import_it():
+    """accelerate's unwrapping (also inside save_pretrained) imports DeepSpeed when it is installed: 221 MB and
+    4 s in every CPU run. The run below samples, updates and saves a checkpoint."""
+    script = (
+        "import sys, tempfile\n"
+        "from training_wizard import RLOOConfig, RLOOTrainer\n"
+        "from training_wizard.testing import build_causal_lm, build_tokenizer\n"
+        "tokenizer = build_tokenizer()\n"
+        "config = RLOOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4, rloo_k=2, total_episodes=8,"
+        " response_length=4, num_sample_generations=0, save_steps=1)\n"
+        "RLOOTrainer(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer), reward_model=lambda p, c, **k:"
+        " [1.0] * len(c), train_dataset=[{'prompt': 'a b'}] * 4).train()\n"
+        "print('deepspeed' in sys.modules)\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_only_a_full_policy_under_zero3_needs_its_reference_loaded_again():
     full = torch.nn.Linear(2, 2)
     lora = SimpleNamespace(disable_adapter=lambda: None)

@@ -44,7 +44,8 @@ class TokenLogprobs:
 
 
 def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> TokenLogprobs:
-    """`selective_logprobs` and `entropy_from_logits` in one pass over each chunk, sharing its logsumexp.
+    """`selective_logprobs` and the entropy of softmax(logits / temperature), in one pass over each chunk, sharing
+    its logsumexp.
 
     The update used to keep the (B, T, V) logits alive through the backward to take the entropy afterwards;
     here the entropy is taken from the chunk already in hand, so the logits are freed as soon as the backward
@@ -63,14 +64,3 @@ def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature
             entropies.append(log_z - weighted.sum(-1))
             del weighted
     return TokenLogprobs(torch.cat(picked), torch.cat(entropies))
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) at each position. (B, T, V) -> (B, T) float32, in row chunks."""
-    size = _row_chunks(logits)
-    entropies = []
-    for part in logits.split(size):
-        scaled = part.float() / temperature
-        log_z = torch.logsumexp(scaled, dim=-1)
-        entropies.append(log_z - (torch.softmax(scaled, dim=-1) * scaled).sum(-1))
-    return torch.cat(entropies)

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import Recipe
+from training_wizard.sharding import deepspeed_lookup_skipped, unwrap_model
 from training_wizard.spec import dump_toml, redact_secrets
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
@@ -210,12 +211,13 @@ def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
     collectives.barrier()
     state_dict: dict[str, Any] | None = collectives.full_state_dict(trainer.policy)
     if collectives.is_main:
-        model = trainer.accelerator.unwrap_model(trainer.policy)
+        model = unwrap_model(trainer.accelerator, trainer.policy)
         if merge_lora and hasattr(model, "merge_and_unload"):
             if state_dict is not None:
                 model.load_state_dict(state_dict)
                 state_dict = None
             model = model.merge_and_unload()
-        model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+        with deepspeed_lookup_skipped(trainer.accelerator):  # save_pretrained unwraps through accelerate
+            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
         trainer.tokenizer.save_pretrained(folder)
     collectives.barrier()

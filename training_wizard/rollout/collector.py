@@ -25,6 +25,7 @@ from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
+from training_wizard.sharding import unwrap_model
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
 ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,7 +72,7 @@ def rollout_model(accelerator, policy: torch.nn.Module, gather_weights: bool) ->
     model inside `GatheredParameters`. ZeRO-3 without it, and FSDP: the sharded model itself, whose forward passes
     gather weights layer by layer."""
     state = accelerator.state
-    unwrapped = accelerator.unwrap_model(policy)
+    unwrapped = unwrap_model(accelerator, policy)
     plugin = getattr(state, "deepspeed_plugin", None)
     if plugin is not None and plugin.zero_stage == 3:
         if gather_weights:
@@ -173,7 +174,7 @@ class RolloutCollector:
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         if self.ref_policy is not None:
             return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses, mask)
-        with self.accelerator.unwrap_model(self.policy).disable_adapter():  # LoRA: the base model is the reference
+        with unwrap_model(self.accelerator, self.policy).disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(model, prompt_ids, prompt_mask, responses, mask)
 
     def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int):

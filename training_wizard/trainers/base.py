@@ -35,7 +35,9 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
-from training_wizard.sharding import DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen
+from training_wizard.sharding import (
+    DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, unwrap_model,
+)
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
@@ -186,6 +188,9 @@ class OnPolicyTrainer:
                                 "be copied; pass ref_policy (the same model loaded a second time)")
             ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
         check_supported(self.accelerator, unprepared)
+        if config.torch_compile and engine_kind(self.accelerator):
+            raise UserError(f"torch_compile: not supported under {self.accelerator.distributed_type.name} here; "
+                            "set torch_compile = false (it is tested with one process and plain data parallel)")
         if config.gradient_checkpointing:
             for model in unprepared.values():
                 enable_activation_checkpointing(model)
@@ -209,6 +214,10 @@ class OnPolicyTrainer:
         *prepared, self.optimizer = self.accelerator.prepare(*unprepared.values(), optimizer)
         self.trained_models = dict(zip(unprepared, prepared))
         self.policy = self.trained_models["model"]
+        # The modules the update's forward passes call: compiled when asked. Generation and the no-grad passes
+        # stay eager (a decode step's shapes change every token); the compiled module shares the parameters.
+        self.update_forward = {name: torch.compile(model, dynamic=True) if config.torch_compile else model
+                               for name, model in self.trained_models.items()}
         self.lr_scheduler = scheduler
         # DeepSpeed steps inside accelerator.backward: its guard acts before and inside that step (sharding.py)
         self.deepspeed_guard = DeepSpeedStepGuard(self.policy) if engine_kind(self.accelerator) == "deepspeed" else None
@@ -229,7 +238,7 @@ class OnPolicyTrainer:
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.policy)
+        return unwrap_model(self.accelerator, self.policy)
 
     def checkpoint_models(self) -> dict[str, torch.nn.Module]:
         """The trained models a checkpoint saves, by folder name (the policy in `model/`)."""

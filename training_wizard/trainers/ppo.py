@@ -23,6 +23,7 @@ from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import response_logits
 from training_wizard.rollout.value import value_logits
+from training_wizard.sharding import unwrap_model
 from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
 from training_wizard.trainers.config import PPOConfig
 
@@ -65,7 +66,7 @@ class PPOTrainer(OnPolicyTrainer):
 
     def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
         def values(prompt_ids, prompt_mask, responses):
-            model = self.accelerator.unwrap_model(self.trained_models["value_model"])
+            model = unwrap_model(self.accelerator, self.trained_models["value_model"])
             model.eval()
             with torch.no_grad():
                 return value_logits(model, prompt_ids, prompt_mask, responses)
@@ -83,12 +84,12 @@ class PPOTrainer(OnPolicyTrainer):
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         config, mask = self.config, rows["response_mask"]
-        logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        logits = response_logits(self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         token = logprobs_and_entropy(logits, rows["responses"], config.temperature)
         logprobs = token.logprobs
         old = logprobs.detach() if config.single_update_pass else rows["logprobs"]
         policy_out = clipped_surrogate_token(logprobs, old, shaped["advantages"], mask, config.cliprange)
-        values = value_logits(self.value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        values = value_logits(self.update_forward["value_model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
                                                         config.cliprange_value)
         stats = {

@@ -39,7 +39,7 @@ class RLOOTrainer(OnPolicyTrainer):
         )
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        logits = response_logits(self.policy, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        logits = response_logits(self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         token = logprobs_and_entropy(logits, rows["responses"], self.config.temperature)
         logprobs = token.logprobs
         old = logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
