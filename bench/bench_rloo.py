@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/bench_rloo.py [--pairs 2] [--configs 25m:32,25m:64,smollm2-lora:32]
         [--warmup 1] [--iterations 3] [--json results.json] [--ours-option key=value ...]
-        [--gradient-checkpointing on|off] [--dtype float32|bfloat16]
+        [--gradient-checkpointing on|off] [--dtype float32|bfloat16] [--report results.json]
 
 What it does:
 - Builds the models once, offline, into `--cache` (default ~/.cache/training-wizard/bench): a byte-level BPE
@@ -37,7 +37,8 @@ separate old-logprob pass that TRL does.
 Printed per configuration: episodes/s of every run, median and range per side, the per-pair ratio ours/TRL,
 seconds per iteration split into generation (with the logprob passes) and update, peak RSS, mean completion
 length, mean reward per iteration on both sides, and model-FLOP utilisation: FLOPs per iteration (2 x parameters
-x tokens per forward pass, 3x that for the update's forward and backward, counting the passes each side makes)
+x tokens per forward pass, 3x that for the update's forward and backward (2x with LoRA), one more with activation
+checkpointing's recomputation, counting the passes each side makes)
 over the measured matmul rate of this machine in the weights' dtype; and the bound that decides what equal
 settings allow: our passes' matrix products at that rate (recomputation counted under activation checkpointing)
 against the seconds per iteration that twice TRL's speed would need.
@@ -302,13 +303,15 @@ def worker_trl(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ report
-def flops_per_iteration(result: dict, prompt_tokens: int, length: int, recompute: bool = False) -> float:
-    """2 N per token per forward pass; the update's forward and backward count 3 forward passes, 4 with
-    `recompute` (activation checkpointing runs the forward again during the backward)."""
+def flops_per_iteration(result: dict, prompt_tokens: int, length: int, *, lora: bool, recompute: bool) -> float:
+    """Matrix-product FLOPs of one iteration: 2 N per token per forward pass. The update's forward and backward
+    count 3 forward passes (the backward computes input and weight gradients), 2 with LoRA (frozen weights get no
+    weight gradient; the adapters' is negligible), plus 1 with `recompute` (activation checkpointing runs the
+    forward again during the backward)."""
     n, rows = result["parameters"], PROMPTS_PER_ITERATION * K
     sequence = rows * (prompt_tokens + length)
     prefill = (PROMPTS_PER_ITERATION if result["shared_prefill"] else rows) * prompt_tokens
-    update = 4 if recompute else 3
+    update = (2 if lora else 3) + (1 if recompute else 0)
     passes = 1 + (1 if result["old_logprob_pass"] else 0) + update  # reference, old logprobs, update
     return 2 * n * (prefill + rows * length + passes * sequence)
 
@@ -323,7 +326,7 @@ def prompt_length(folder: Path) -> float:
 
 def report(results: dict, rate: float, checkpointing: bool) -> None:
     for name, runs in results.items():
-        length = int(name.split(":")[1])
+        length, lora = int(name.split(":")[1]), name.split(":")[0].endswith("lora")
         prompt_tokens = runs[0]["result"]["prompt_tokens"]
         print(f"\n## {name} (prompts of {prompt_tokens:.1f} tokens on average, {PROMPTS_PER_ITERATION} x {K} "
               "completions per iteration)")
@@ -332,7 +335,8 @@ def report(results: dict, rate: float, checkpointing: bool) -> None:
         for index, run in enumerate(runs):
             r = run["result"]
             per_iteration = statistics.mean(r["seconds"])
-            mfu = flops_per_iteration(r, prompt_tokens, length) / per_iteration / (rate * 1e9)
+            flops = flops_per_iteration(r, prompt_tokens, length, lora=lora, recompute=checkpointing)
+            mfu = flops / per_iteration / (rate * 1e9)
             print(f"| {index} | {run['side']} | {r['episodes'] / sum(r['seconds']):.2f} | {per_iteration:.2f} | "
                   f"{r['generation_s']:.2f} | {r['update_s']:.2f} | {r['peak_mb']:.0f} | "
                   f"{r['completion_length']:.1f} | {mfu:.0%} |")
@@ -350,7 +354,7 @@ def report(results: dict, rate: float, checkpointing: bool) -> None:
         # matmul rate, against the time per iteration that twice TRL's speed would need.
         trl_seconds = statistics.median(statistics.mean(r["result"]["seconds"]) for r in runs if r["side"] == "trl")
         ours = next(r["result"] for r in runs if r["side"] == "ours")
-        floor = flops_per_iteration(ours, prompt_tokens, length, recompute=checkpointing) / (rate * 1e9)
+        floor = flops_per_iteration(ours, prompt_tokens, length, lora=lora, recompute=checkpointing) / (rate * 1e9)
         print(f"twice TRL's speed needs {trl_seconds / 2:.2f} s/iteration; our passes' matrix products alone take "
               f"{floor:.2f} s at {rate:.0f} GFLOP/s (activation recomputation {'counted' if checkpointing else 'off'})")
 
@@ -371,6 +375,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the models' weights on both sides (bfloat16: pure bf16 weights and optimizer state)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--report", type=Path, help="print the report of a saved --json file again, and stop")
     parser.add_argument("--worker", choices=["ours", "trl"])
     parser.add_argument("--model")
     parser.add_argument("--length", type=int)
@@ -380,6 +385,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.ours_option is None:
         args.ours_option = ["logprobs_from_sampling=true"]
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        print(f"{saved.get('dtype', 'float32')}, {saved['threads']} threads, {saved['matmul_gflops']:.0f} GFLOP/s")
+        report(saved["results"], saved["matmul_gflops"], saved.get("gradient_checkpointing", "on") == "on")
+        return
     if args.worker:
         result = (worker_ours if args.worker == "ours" else worker_trl)(args)
         args.result.write_text(json.dumps(result))

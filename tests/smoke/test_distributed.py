@@ -104,11 +104,17 @@ def read_jsonl(path: Path):
 # Every fast-path option on: logprobs from the sampling pass and the single-pass update (shared prefill and
 # cutting padding are always on).
 FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1")
+# ... and the compiled update: slow (each process compiles for about a minute on a 2-core machine).
+COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
 
 
 @pytest.mark.parametrize("algorithm, token_level, overrides",
-                         [("rloo", "false", ()), ("rloo", "true", ()), ("ppo", "false", ()), ("rloo", "false", FAST_PATH)],
-                         ids=["sequence_kl", "token_level_kl", "ppo", "fast_path"])
+                         [pytest.param("rloo", "false", (), id="sequence_kl"),
+                          pytest.param("rloo", "true", (), id="token_level_kl"),
+                          pytest.param("ppo", "false", (), id="ppo"),
+                          pytest.param("rloo", "false", FAST_PATH, id="fast_path"),
+                          pytest.param("rloo", "false", COMPILED_FAST_PATH, id="fast_path_compiled",
+                                       marks=pytest.mark.slow)])
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
     # token_level_kl and PPO gather (B, T) tensors and token-count-dependent statistics across processes
     single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level, algorithm=algorithm,
@@ -153,7 +159,8 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
     assert not (tmp_path / "broken" / "model").exists()
 
 
-@pytest.mark.parametrize("options", [(), FAST_PATH], ids=["default", "fast_path"])
+@pytest.mark.parametrize("options", [pytest.param((), id="default"), pytest.param(FAST_PATH, id="fast_path"),
+                                     pytest.param(COMPILED_FAST_PATH, id="fast_path_compiled", marks=pytest.mark.slow)])
 def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir, options):
     """SIGTERM one rank of a 2-process run after its second iteration: both ranks stop at the same point with a
     checkpoint; the resumed run ends with the same weights as a run that never stopped. The main process picks
