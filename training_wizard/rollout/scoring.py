@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from training_wizard.core.logprobs import selective_logprobs
-from training_wizard.rollout.generation import position_ids_from_mask
+from training_wizard.rollout.generation import last_positions, position_ids_from_mask
 
 
 def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
@@ -17,13 +17,12 @@ def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) 
     """
     ids = torch.cat([prompt_ids, responses], dim=1)
     mask = torch.cat([prompt_mask.long(), torch.ones_like(responses)], dim=1)
-    # Only the last T + 1 positions need the vocabulary projection (the largest matmul for small models).
-    keep = responses.shape[1] + 1
-    logits = model(
-        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), logits_to_keep=keep,
+    width, length = responses.shape[1], ids.shape[1]
+    return model(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+        logits_to_keep=last_positions(length - 1, width, ids.device),  # the T positions predicting the response
         use_cache=False,  # one pass, no decoding after it (and no warning under activation checkpointing)
     ).logits
-    return logits[:, -keep:-1]
 
 
 def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[int, int]:
