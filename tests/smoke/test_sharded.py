@@ -89,7 +89,10 @@ def stop_and_resume(tmp_path, model_dir, name, config_text, env_extra=None, lora
     assert full.returncode == 0, full.stderr[-3000:]
     stop = {**(env_extra or {}), "TRAINING_WIZARD_FAULT_INJECT": "iteration@2#1=term"}
     first = launch_sharded(tmp_path, model_dir, f"{name}-parts", config_text, env_extra=stop, lora=lora)
-    assert first.returncode != 0 and "exitcode  : 143" in first.stderr, first.stderr[-3000:]
+    # Both ranks report the stop; the launcher then names one failed rank: 143 (SIGTERM's exit), or now and then
+    # -6 when torch's process-group threads abort rank 0 during its exit after the committed checkpoint.
+    assert first.returncode != 0 and first.stderr.count("stopped by SIGTERM at step 2") == 2, first.stderr[-3000:]
+    assert "exitcode  : 143" in first.stderr or "exitcode: -6" in first.stderr, first.stderr[-3000:]
     assert (tmp_path / f"{name}-parts" / "checkpoints" / "step-2" / "sharded").is_dir()
     rest = launch_sharded(tmp_path, model_dir, f"{name}-parts", config_text, env_extra=env_extra, lora=lora,
                           overrides=["resume_from_checkpoint=latest"])
