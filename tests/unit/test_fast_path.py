@@ -161,11 +161,11 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
     used them (holding them for the entropy metric cost 140-300 MB of peak on the bench's 25M model)."""
     import weakref
 
-    import training_wizard.trainers.rloo as rloo
+    import training_wizard.trainers.base as base
 
     trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1)
     logits_refs, alive_after_backward = [], []
-    real_logits, real_backward = rloo.response_logits, trainer.accelerator.backward
+    real_logits, real_backward = base.response_logits, trainer.accelerator.backward
 
     def tracked_logits(*args, **kwargs):
         logits = real_logits(*args, **kwargs)
@@ -177,7 +177,7 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
         del loss
         alive_after_backward.append(logits_refs[-1]() is not None)
 
-    monkeypatch.setattr(rloo, "response_logits", tracked_logits)
+    monkeypatch.setattr(base, "response_logits", tracked_logits)
     monkeypatch.setattr(trainer.accelerator, "backward", tracked_backward)
     trainer.train()
     assert alive_after_backward == [False] * 2  # 2 iterations x 1 micro-batch

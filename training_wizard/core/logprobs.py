@@ -26,12 +26,16 @@ def selective_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: 
     writes each chunk's gradient once; indexing rows one by one would make the backward fill a full (B, T, V)
     zero gradient per row.
     """
+    return torch.cat([picked for _, picked, _ in _chunked_logprobs(logits, tokens, temperature)])
+
+
+def _chunked_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
+    """Per chunk of rows: (float32 scaled logits, logprobs of `tokens`, logsumexp), chunks from `split`."""
     size = _row_chunks(logits)
-    picked = []
     for part, ids in zip(logits.split(size), tokens.split(size)):
         scaled = part.float() if temperature == 1.0 else part.float() / temperature  # float32 logits: no copy
-        picked.append(scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
-    return torch.cat(picked)
+        log_z = torch.logsumexp(scaled, dim=-1)
+        yield scaled, scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - log_z, log_z
 
 
 @dataclass
@@ -52,12 +56,9 @@ def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature
     has used them. The entropy is non-finite at a position exactly when one of its logits is (a -inf logit
     gives 0 x -inf), which makes it the update's finiteness check of the logits as well.
     """
-    size = _row_chunks(logits)
     picked, entropies = [], []
-    for part, ids in zip(logits.split(size), tokens.split(size)):
-        scaled = part.float() if temperature == 1.0 else part.float() / temperature
-        log_z = torch.logsumexp(scaled, dim=-1)
-        picked.append(scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - log_z)
+    for scaled, chunk_logprobs, log_z in _chunked_logprobs(logits, tokens, temperature):
+        picked.append(chunk_logprobs)
         with torch.no_grad():
             values, log_z = scaled.detach(), log_z.detach()
             weighted = (values - log_z.unsqueeze(-1)).exp_().mul_(values)  # p * logit, one work tensor

@@ -30,11 +30,13 @@ from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
+from training_wizard.core.logprobs import TokenLogprobs, logprobs_and_entropy
 from training_wizard.core.masking import masked_mean
 from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.scoring import response_logits
 from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, unwrap_model,
 )
@@ -261,6 +263,15 @@ class OnPolicyTrainer:
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         """Step 7, one micro-batch: `rows` from `Rollout.rows`, `shaped` the ShapedRewards tensors of those rows."""
         raise NotImplementedError
+
+    def policy_logprobs(self, rows: dict[str, torch.Tensor]) -> tuple[TokenLogprobs, torch.Tensor]:
+        """The policy's logprobs (with gradient) and entropy on `rows`, and the ratio's old side: the rollout's
+        logprobs, or with a single update pass the update's own, detached (the ratio is then exactly 1)."""
+        model = self.update_forward["model"]
+        logits = response_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        token = logprobs_and_entropy(logits, rows["responses"], self.config.temperature)
+        old = token.logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
+        return token, old
 
     # ---------------------------------------------------------------------------------------------- loop
     def train(self) -> None:

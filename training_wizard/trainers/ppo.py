@@ -16,12 +16,10 @@ from typing import Callable
 import torch
 
 from training_wizard.core.advantages import ShapedRewards, local_moments
-from training_wizard.core.logprobs import logprobs_and_entropy
 from training_wizard.core.losses import clipped_surrogate_token
 from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
 from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_logits
 from training_wizard.rollout.value import value_logits
 from training_wizard.sharding import unwrap_model
 from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
@@ -84,12 +82,10 @@ class PPOTrainer(OnPolicyTrainer):
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         config, mask = self.config, rows["response_mask"]
-        logits = response_logits(self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        token = logprobs_and_entropy(logits, rows["responses"], config.temperature)
-        logprobs = token.logprobs
-        old = logprobs.detach() if config.single_update_pass else rows["logprobs"]
-        policy_out = clipped_surrogate_token(logprobs, old, shaped["advantages"], mask, config.cliprange)
-        values = value_logits(self.update_forward["value_model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        token, old = self.policy_logprobs(rows)
+        policy_out = clipped_surrogate_token(token.logprobs, old, shaped["advantages"], mask, config.cliprange)
+        value_model = self.update_forward["value_model"]
+        values = value_logits(value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
                                                         config.cliprange_value)
         stats = {

@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 
 from training_wizard.core.advantages import RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards
-from training_wizard.core.logprobs import logprobs_and_entropy
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_logits
 from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
 from training_wizard.trainers.config import RLOOConfig
 
@@ -39,12 +37,9 @@ class RLOOTrainer(OnPolicyTrainer):
         )
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        logits = response_logits(self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        token = logprobs_and_entropy(logits, rows["responses"], self.config.temperature)
-        logprobs = token.logprobs
-        old = logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
+        token, old = self.policy_logprobs(rows)
         surrogate = clipped_surrogate_token if self.config.token_level_kl else clipped_surrogate_sequence
-        out = surrogate(logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange)
+        out = surrogate(token.logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange)
         stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
                  "policy/clipfrac_avg": out.clipfrac}
         return MicroBatchLoss(loss=out.loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
