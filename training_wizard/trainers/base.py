@@ -10,12 +10,12 @@ One iteration (DESIGN section 1):
 Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
 the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
 the rollout and every mini-batch; a checkpoint restores the run exactly (weights, optimizer, scheduler, RunState).
-Every cross-process collective goes through `self.collectives` (collectives.py).
+Every cross-process collective goes through `self.collectives` (collectives.py). The models, optimizer and
+schedule are set up once by trainers/setup.py.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import defaultdict
@@ -37,13 +37,12 @@ from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import response_logits
-from training_wizard.sharding import (
-    DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, unwrap_model,
-)
+from training_wizard.sharding import unwrap_model
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
-from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
+from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.setup import as_reward, prepare_models
 
 
 class RunState:
@@ -138,7 +137,7 @@ class OnPolicyTrainer:
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
-        self.reward = _as_reward(reward_model)
+        self.reward = as_reward(reward_model)
         self._setup_models(policy, ref_policy)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
@@ -175,68 +174,15 @@ class OnPolicyTrainer:
         return None
 
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None) -> None:
-        """Dropout off everywhere; the reference (a frozen copy, or the LoRA policy with its adapter disabled);
-        one AdamW over every trained model (`trained_models`: the policy, plus PPO's value model) prepared with
-        accelerate together, so one accumulation context and one gradient clip cover all of them."""
-        config = self.config
-        unprepared = {"model": policy, **self.additional_trained_models()}
-        for model in (*unprepared.values(), ref_policy, self.reward if isinstance(self.reward, torch.nn.Module) else None):
-            if model is not None:
-                disable_dropout(model)
-        self.uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
-        if ref_policy is None and not self.uses_adapter_as_reference:
-            if is_partitioned(policy):
-                raise UserError("ref_policy: under DeepSpeed ZeRO-3 the policy's weights are partitioned and cannot "
-                                "be copied; pass ref_policy (the same model loaded a second time)")
-            ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
-        check_supported(self.accelerator, unprepared)
-        if config.torch_compile and engine_kind(self.accelerator):
-            raise UserError(f"torch_compile: not supported under {self.accelerator.distributed_type.name} here; "
-                            "set torch_compile = false (it is tested with one process and plain data parallel)")
-        if config.gradient_checkpointing:
-            for model in unprepared.values():
-                enable_activation_checkpointing(model)
-                if hasattr(model, "enable_input_require_grads"):
-                    model.enable_input_require_grads()
-        params = [p for model in unprepared.values() for p in model.parameters() if p.requires_grad]
-        if not any(p.requires_grad for p in policy.parameters()):
-            raise UserError("model: the policy has no trainable parameters")
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=config.learning_rate,
-            betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_epsilon,
-            weight_decay=config.weight_decay,
-        )
-        from transformers import get_scheduler
-
-        warmup = config.warmup_steps or int(config.warmup_ratio * self.plan.num_iterations)
-        scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, self.plan.num_iterations)
-        self._configure_deepspeed()
-        *prepared, self.optimizer = self.accelerator.prepare(*unprepared.values(), optimizer)
-        self.trained_models = dict(zip(unprepared, prepared))
+        """trainers/setup.py prepares every model; its record becomes the trainer's public attributes."""
+        models = prepare_models(self.accelerator, self.config, self.plan.num_iterations,
+                                {"model": policy, **self.additional_trained_models()}, ref_policy, self.reward)
+        self.trained_models, self.update_forward = models.trained, models.update_forward
         self.policy = self.trained_models["model"]
-        # The modules the update's forward passes call: compiled when asked. Generation and the no-grad passes
-        # stay eager (a decode step's shapes change every token); the compiled module shares the parameters.
-        self.update_forward = {name: torch.compile(model, dynamic=True) if config.torch_compile else model
-                               for name, model in self.trained_models.items()}
-        self.lr_scheduler = scheduler
-        # DeepSpeed steps inside accelerator.backward: its guard acts before and inside that step (sharding.py)
-        self.deepspeed_guard = DeepSpeedStepGuard(self.policy) if engine_kind(self.accelerator) == "deepspeed" else None
-        self.ref_policy = prepare_frozen(self.accelerator, ref_policy) if ref_policy is not None else None
-        if isinstance(self.reward, torch.nn.Module):
-            self.reward = prepare_frozen(self.accelerator, self.reward)
-
-    def _configure_deepspeed(self) -> None:
-        """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is None:
-            return
-        ds_config = plugin.deepspeed_config
-        ds_config["train_micro_batch_size_per_gpu"] = self.config.per_device_train_batch_size
-        ds_config["gradient_accumulation_steps"] = self.config.gradient_accumulation_steps
-        if self.config.max_grad_norm is not None:
-            ds_config["gradient_clipping"] = self.config.max_grad_norm
+        self.optimizer, self.lr_scheduler = models.optimizer, models.lr_scheduler
+        self.ref_policy, self.reward = models.ref_policy, models.reward
+        self.uses_adapter_as_reference = models.uses_adapter_as_reference
+        self.deepspeed_guard = models.deepspeed_guard
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
@@ -553,42 +499,4 @@ class OnPolicyTrainer:
             "eval/response_length": float(totals[2]) / count,
             "episode": self.state.episode,
         }
-
-
-def _as_reward(reward_model) -> torch.nn.Module | RewardSpec:
-    if isinstance(reward_model, (torch.nn.Module, RewardSpec)):
-        return reward_model
-    if not callable(reward_model):
-        raise UserError("reward_model: expected a model, a RewardSpec or a callable")
-    return CallableRewardSpec(fn=reward_model)
-
-
-# Dropout rates models keep as plain floats: Llama-family attention copies `config.attention_dropout` onto each
-# attention module when the model is built, so changing the config afterwards would leave it on.
-_DROPOUT_RATE_ATTRIBUTES = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
-                            "attn_pdrop", "dropout_rate", "attention_probs_dropout_prob", "hidden_dropout_prob")
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Dropout off in policy, reference and reward model: logprobs must not change between passes (N+ details)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name in _DROPOUT_RATE_ATTRIBUTES:
-            if isinstance(getattr(module, name, None), float):
-                setattr(module, name, 0.0)
-    config = getattr(model, "config", None)
-    for name in _DROPOUT_RATE_ATTRIBUTES:
-        if config is not None and isinstance(getattr(config, name, None), float):
-            setattr(config, name, 0.0)
-
-
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass (non-reentrant). transformers 5 renamed the method
-    (`activation_checkpointing_enable`) and warns on the old name; a peft model forwards either to its base."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 

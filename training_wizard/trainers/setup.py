@@ -1,0 +1,154 @@
+"""Set-up of every model a run uses, before the first iteration: the trained models (the policy, plus PPO's value
+model) with their optimizer and schedule, the reference, and the reward.
+
+Kept apart from the loop (trainers/base.py) because it runs once and its decisions are about wiring, not about the
+algorithm: which reference (a frozen copy, or the LoRA policy with its adapter disabled), dropout off everywhere
+(the N+ implementation details: logprobs must not change between passes), activation checkpointing, one AdamW
+over every trained model, and accelerate/DeepSpeed/FSDP preparation.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+
+from training_wizard.errors import UserError
+from training_wizard.sharding import (
+    DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen,
+)
+from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
+from training_wizard.trainers.config import OnPolicyConfig
+
+
+@dataclass
+class PreparedModels:
+    """trained: the prepared trained models by checkpoint folder name ("model" is the policy); update_forward: the
+    modules the update's forward passes call (compiled with `torch_compile`, sharing the parameters); ref_policy:
+    None when the reference is the LoRA policy with its adapter disabled (`uses_adapter_as_reference`);
+    deepspeed_guard: set under DeepSpeed, whose engine steps inside the backward (sharding.py)."""
+
+    trained: dict[str, torch.nn.Module]
+    update_forward: dict[str, torch.nn.Module]
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: object
+    ref_policy: torch.nn.Module | None
+    reward: torch.nn.Module | RewardSpec
+    uses_adapter_as_reference: bool
+    deepspeed_guard: DeepSpeedStepGuard | None
+
+
+def prepare_models(
+    accelerator: Accelerator,
+    config: OnPolicyConfig,
+    num_iterations: int,
+    trained: dict[str, torch.nn.Module],
+    ref_policy: torch.nn.Module | None,
+    reward: torch.nn.Module | RewardSpec,
+) -> PreparedModels:
+    """`trained` holds the unprepared policy under "model" and any model trained beside it with the same optimizer.
+    They are prepared together, so one accumulation context and one gradient clip cover all of them."""
+    policy = trained["model"]
+    for model in (*trained.values(), ref_policy, reward if isinstance(reward, torch.nn.Module) else None):
+        if model is not None:
+            disable_dropout(model)
+    uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
+    if ref_policy is None and not uses_adapter_as_reference:
+        if is_partitioned(policy):
+            raise UserError("ref_policy: under DeepSpeed ZeRO-3 the policy's weights are partitioned and cannot "
+                            "be copied; pass ref_policy (the same model loaded a second time)")
+        ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
+    check_supported(accelerator, trained)
+    if config.torch_compile and engine_kind(accelerator):
+        raise UserError(f"torch_compile: not supported under {accelerator.distributed_type.name} here; "
+                        "set torch_compile = false (it is tested with one process and plain data parallel)")
+    if config.gradient_checkpointing:
+        for model in trained.values():
+            enable_activation_checkpointing(model)
+            if hasattr(model, "enable_input_require_grads"):
+                model.enable_input_require_grads()
+    params = [p for model in trained.values() for p in model.parameters() if p.requires_grad]
+    if not any(p.requires_grad for p in policy.parameters()):
+        raise UserError("model: the policy has no trainable parameters")
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+    )
+    from transformers import get_scheduler
+
+    warmup = config.warmup_steps or int(config.warmup_ratio * num_iterations)
+    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, num_iterations)
+    configure_deepspeed(accelerator, config)
+    *prepared_models, optimizer = accelerator.prepare(*trained.values(), optimizer)
+    prepared = dict(zip(trained, prepared_models))
+    # Generation and the no-grad passes stay eager (a decode step's shapes change every token).
+    update_forward = {name: torch.compile(model, dynamic=True) if config.torch_compile else model
+                      for name, model in prepared.items()}
+    guard = DeepSpeedStepGuard(prepared["model"]) if engine_kind(accelerator) == "deepspeed" else None
+    return PreparedModels(
+        trained=prepared,
+        update_forward=update_forward,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        ref_policy=prepare_frozen(accelerator, ref_policy) if ref_policy is not None else None,
+        reward=prepare_frozen(accelerator, reward) if isinstance(reward, torch.nn.Module) else reward,
+        uses_adapter_as_reference=uses_adapter_as_reference,
+        deepspeed_guard=guard,
+    )
+
+
+def configure_deepspeed(accelerator: Accelerator, config: OnPolicyConfig) -> None:
+    """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds_config = plugin.deepspeed_config
+    ds_config["train_micro_batch_size_per_gpu"] = config.per_device_train_batch_size
+    ds_config["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+    if config.max_grad_norm is not None:
+        ds_config["gradient_clipping"] = config.max_grad_norm
+
+
+def as_reward(reward_model) -> torch.nn.Module | RewardSpec:
+    """A reward model or spec as given; a plain callable becomes a `CallableRewardSpec`."""
+    if isinstance(reward_model, (torch.nn.Module, RewardSpec)):
+        return reward_model
+    if not callable(reward_model):
+        raise UserError("reward_model: expected a model, a RewardSpec or a callable")
+    return CallableRewardSpec(fn=reward_model)
+
+
+# Dropout rates models keep as plain floats: Llama-family attention copies `config.attention_dropout` onto each
+# attention module when the model is built, so changing the config afterwards would leave it on.
+_DROPOUT_RATE_ATTRIBUTES = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop",
+                            "attn_pdrop", "dropout_rate", "attention_probs_dropout_prob", "hidden_dropout_prob")
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off in policy, reference and reward model: logprobs must not change between passes (N+ details)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in _DROPOUT_RATE_ATTRIBUTES:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    config = getattr(model, "config", None)
+    for name in _DROPOUT_RATE_ATTRIBUTES:
+        if config is not None and isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant). transformers 5 renamed the method
+    (`activation_checkpointing_enable`) and warns on the old name; a peft model forwards either to its base."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
