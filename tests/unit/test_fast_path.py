@@ -7,7 +7,9 @@ import torch
 from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import batched_logprobs, content_columns, response_logits
+from training_wizard.rollout.scoring import (
+    batched_logprobs, content_columns, response_logits, shared_prompt_logits,
+)
 from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm, build_tokenizer
 from training_wizard.tracking.metrics import read_metrics
@@ -105,6 +107,49 @@ def test_cutting_padding_columns_changes_no_logprob(tokenizer):
     assert cut.shape == full.shape
     assert (cut - full)[response_mask].abs().max() < 1e-5
     assert (cut[:, 3:] == 0).all()
+
+
+def prompt_pass_rows(model):
+    """Rows of every forward pass over prompts (passes without a KV cache given), recorded by a hook."""
+    rows = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0])
+        if kwargs.get("past_key_values") is None else None, with_kwargs=True)
+    return rows, hook
+
+
+@pytest.mark.parametrize("width", [1, 5])
+def test_samples_of_a_prompt_share_one_prompt_pass_in_the_logprob_passes(tokenizer, width):
+    model = build_causal_lm(tokenizer, seed=3).eval()
+    ids, mask = left_padded(tokenizer, ["Hi", "Write something about the sea shore", "Paraphrase"] * 2)
+    responses = torch.randint(5, 300, (6, width), generator=torch.Generator().manual_seed(0))
+    rows, hook = prompt_pass_rows(model)
+    with torch.no_grad():
+        shared = shared_prompt_logits(model, ids, mask, responses)
+    hook.remove()
+    assert rows == [3]  # one pass over the 3 distinct prompts
+    with torch.no_grad():
+        alone = response_logits(model, ids, mask, responses)
+    assert shared.shape == alone.shape == (6, width, model.config.vocab_size)
+    assert (shared - alone).abs().max() < 1e-4
+    assert (selective_logprobs(shared, responses) - selective_logprobs(alone, responses)).abs().max() < 1e-5
+
+
+def test_chunked_logprob_passes_group_the_samples_of_a_prompt(tokenizer):
+    model = build_causal_lm(tokenizer, seed=3).eval()
+    prompts = ["Hi", "Write something about the sea shore", "Paraphrase", "Tell me"]
+    ids, mask = left_padded(tokenizer, prompts * 3)  # the trainer's (k, prompts) layout, k = 3
+    pad = tokenizer.pad_token_id
+    responses = torch.randint(5, 300, (12, 6), generator=torch.Generator().manual_seed(1))
+    responses[::5, 4:] = pad  # some rows stopped early
+    response_mask = responses != pad
+    rows, hook = prompt_pass_rows(model)
+    shared = batched_logprobs(model, ids, mask, responses, response_mask, 0.7, batch_size=6)
+    hook.remove()
+    assert rows == [2, 2]  # chunks of 6 rows hold 2 prompts x 3 samples, not 6 distinct prompts
+    plain = batched_logprobs(model, ids, mask, responses, response_mask, 0.7, batch_size=6, share_prompts=False)
+    assert (shared - plain)[response_mask].abs().max() < 1e-5
+    assert (shared[:, 4:][response_mask[:, 4:]] != 0).all()  # rows that went on were written past column 4
 
 
 def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from training_wizard.core.logprobs import selective_logprobs
-from training_wizard.rollout.generation import last_positions, position_ids_from_mask
+from training_wizard.rollout.generation import distinct_rows, last_positions, position_ids_from_mask
 
 
 def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
@@ -37,17 +37,60 @@ def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> t
 
 
 @torch.no_grad()
+def shared_prompt_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+    """`response_logits` with each distinct prompt run once: rows holding the same prompt (the k samples of one
+    prompt) share one pass over it, whose KV cache is repeated for them, and only the responses run per row.
+
+    The prompt's last position predicts the first response token; the responses but their last token predict
+    the rest, attending to the shared cache. Same logits as `response_logits` up to float rounding (the matrix
+    products have other shapes); a batch without repeated prompts runs `response_logits` itself.
+    """
+    distinct, copies = distinct_rows(prompt_ids, prompt_mask)
+    batch, width = responses.shape
+    if distinct.shape[0] == batch:
+        return response_logits(model, prompt_ids, prompt_mask, responses)
+    mask = prompt_mask.long()
+    positions = position_ids_from_mask(mask)
+    out = model(
+        input_ids=prompt_ids[distinct], attention_mask=mask[distinct], position_ids=positions[distinct],
+        use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
+    )
+    first = out.logits[copies]  # (B, 1, V): each row's prompt predicts its first response token
+    if width == 1:
+        return first
+    past = out.past_key_values
+    past.reorder_cache(copies)
+    steps = torch.arange(1, width, device=positions.device)
+    rest = model(
+        input_ids=responses[:, :-1], attention_mask=torch.cat([mask, mask.new_ones(batch, width - 1)], dim=1),
+        position_ids=positions[:, -1:] + steps, past_key_values=past, use_cache=True,
+    ).logits
+    return torch.cat([first, rest], dim=1)
+
+
+@torch.no_grad()
 def batched_logprobs(
-    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int,
+    share_prompts: bool = True,
 ) -> torch.Tensor:
     """Per-token logprobs of the responses under `model`, `batch_size` rows at a time, each chunk cut to its
-    content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk."""
+    content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk.
+
+    With `share_prompts` the rows of one prompt go into the same chunk and share one pass over their prompt
+    (`shared_prompt_logits`): with k samples per prompt the prompt tokens cost 1/k of a pass. Callers whose
+    model is sharded pass False: there every forward pass is a collective, and the number of passes would then
+    depend on the data each process holds.
+    """
     out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+    logits_of = shared_prompt_logits if share_prompts else response_logits
+    # rows grouped by prompt (stable: without repeats, or without sharing, the order stays as it is)
+    order = torch.argsort(distinct_rows(prompt_ids, prompt_mask)[1], stable=True) if share_prompts else None
     for start in range(0, responses.shape[0], batch_size):
-        part = slice(start, start + batch_size)
+        part = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
         first, end = content_columns(prompt_mask[part], response_mask[part])
-        logits = response_logits(model, prompt_ids[part, first:], prompt_mask[part, first:], responses[part, :end])
-        out[part, :end] = selective_logprobs(logits, responses[part, :end], temperature)
+        ids, kept = responses[part, :end], slice(first, None)
+        logits = logits_of(model, prompt_ids[part, kept], prompt_mask[part, kept], ids)
+        out[part, :end] = selective_logprobs(logits, ids, temperature)
         del logits
     return out
 
