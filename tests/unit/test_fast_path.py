@@ -152,6 +152,50 @@ def test_chunked_logprob_passes_group_the_samples_of_a_prompt(tokenizer):
     assert (shared[:, 4:][response_mask[:, 4:]] != 0).all()  # rows that went on were written past column 4
 
 
+def test_a_shared_prompt_pass_gives_the_per_row_gradient(tokenizer):
+    """In the update the prompt pass has gradient: through the repeated KV cache it must receive the sum over the
+    rows that share it, as the per-row pass gives."""
+    ids, mask = left_padded(tokenizer, ["Hi", "Write something about the sea shore"] * 3)
+    responses = torch.randint(5, 300, (6, 4), generator=torch.Generator().manual_seed(2))
+    weights = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    grads = {}
+    for name, logits_of in (("plain", response_logits), ("shared", shared_prompt_logits)):
+        model = build_causal_lm(tokenizer, seed=5)
+        (selective_logprobs(logits_of(model, ids, mask, responses), responses) * weights).sum().backward()
+        grads[name] = {n: p.grad for n, p in model.named_parameters()}
+    assert all(grads["plain"][n] is not None and grads["shared"][n] is not None for n in grads["plain"])
+    worst = max(float((grads["plain"][n] - grads["shared"][n]).abs().max() / grads["plain"][n].abs().max().clamp(min=1e-12))
+                for n in grads["plain"] if grads["plain"][n].abs().max() > 0)
+    assert worst < 1e-4
+
+
+def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokenizer, tmp_path):
+    runs = {}
+    for share in (False, True):
+        trainer = make_trainer(tokenizer, tmp_path / str(share), total_episodes=8 * 3, num_ppo_epochs=2,
+                               num_mini_batches=1)
+        assert trainer.share_prompts_in_update  # the default: no activation checkpointing, compile or engine
+        trainer.share_prompts_in_update = share
+        rows, hook = prompt_pass_rows(trainer.unwrapped_policy)
+        trainer.train()
+        hook.remove()
+        runs[share] = (read_metrics(tmp_path / str(share)), trainer.unwrapped_policy.state_dict(), rows)
+    (plain, plain_weights, plain_rows), (shared, shared_weights, shared_rows) = runs[False], runs[True]
+    # per iteration: one generation prefill + old + reference pass over 2 distinct prompts in both runs; the
+    # update's 2 epochs run 8 rows each without sharing and the 2 distinct prompts with it
+    assert plain_rows.count(8) == 3 * 2 and shared_rows.count(8) == 0
+    for a, b in zip(plain, shared):
+        for key in ("objective/scores", "objective/kl", "loss/policy_avg", "val/ratio", "policy/approxkl_avg"):
+            assert abs(a[key] - b[key]) < 1e-5, key
+    assert max(float((plain_weights[n] - shared_weights[n]).abs().max()) for n in plain_weights) < 1e-5
+
+
+def test_activation_checkpointing_and_compile_keep_the_per_row_update(tokenizer, tmp_path):
+    """Checkpointed layers drop the KV cache the shared pass needs; the compiled update is traced per row."""
+    assert not make_trainer(tokenizer, tmp_path / "a", gradient_checkpointing=True).share_prompts_in_update
+    assert not make_trainer(tokenizer, tmp_path / "b", torch_compile=True).share_prompts_in_update
+
+
 def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):
     rollout = make_trainer(tokenizer, tmp_path).collect_rollout()
     pad = tokenizer.pad_token_id
@@ -201,7 +245,8 @@ def test_the_entropy_flags_every_kind_of_non_finite_logit(bad):
     assert not torch.isfinite(entropy[1, 2]) and torch.isfinite(entropy[0]).all() and torch.isfinite(entropy[1, :2]).all()
 
 
-def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, monkeypatch, share_prompts):
     """The update's peak memory: nothing may keep a micro-batch's (b, T, V) logits alive once the backward has
     used them (holding them for the entropy metric cost 140-300 MB of peak on the bench's 25M model)."""
     import weakref
@@ -209,20 +254,24 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
     import training_wizard.trainers.base as base
 
     trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1)
+    trainer.share_prompts_in_update = share_prompts
     logits_refs, alive_after_backward = [], []
-    real_logits, real_backward = base.response_logits, trainer.accelerator.backward
+    real_backward = trainer.accelerator.backward
 
-    def tracked_logits(*args, **kwargs):
-        logits = real_logits(*args, **kwargs)
-        logits_refs.append(weakref.ref(logits))
-        return logits
+    def tracked(real):
+        def tracked_logits(*args, **kwargs):
+            logits = real(*args, **kwargs)
+            logits_refs.append(weakref.ref(logits))
+            return logits
+        return tracked_logits
 
     def tracked_backward(loss, **kwargs):
         real_backward(loss, **kwargs)
         del loss
         alive_after_backward.append(logits_refs[-1]() is not None)
 
-    monkeypatch.setattr(base, "response_logits", tracked_logits)
+    monkeypatch.setattr(base, "response_logits", tracked(base.response_logits))
+    monkeypatch.setattr(base, "shared_prompt_logits", tracked(base.shared_prompt_logits))
     monkeypatch.setattr(trainer.accelerator, "backward", tracked_backward)
     trainer.train()
     assert alive_after_backward == [False] * 2  # 2 iterations x 1 micro-batch

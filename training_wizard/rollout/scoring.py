@@ -36,14 +36,18 @@ def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> t
     return start, end
 
 
-@torch.no_grad()
-def shared_prompt_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
+def shared_prompt_logits(
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, prompt_model: torch.nn.Module | None = None
+) -> torch.Tensor:
     """`response_logits` with each distinct prompt run once: rows holding the same prompt (the k samples of one
     prompt) share one pass over it, whose KV cache is repeated for them, and only the responses run per row.
 
     The prompt's last position predicts the first response token; the responses but their last token predict
     the rest, attending to the shared cache. Same logits as `response_logits` up to float rounding (the matrix
-    products have other shapes); a batch without repeated prompts runs `response_logits` itself.
+    products have other shapes); a batch without repeated prompts runs `response_logits` itself. With gradient
+    enabled the prompt pass's gradient is the sum over the rows that share it, as in the per-row pass.
+    `prompt_model` runs the prompt pass when given (the update: the module without its data-parallel wrapper,
+    so the wrapper sees one forward pass per backward; the parameters and their gradients are the same).
     """
     distinct, copies = distinct_rows(prompt_ids, prompt_mask)
     batch, width = responses.shape
@@ -51,7 +55,7 @@ def shared_prompt_logits(model: torch.nn.Module, prompt_ids, prompt_mask, respon
         return response_logits(model, prompt_ids, prompt_mask, responses)
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)
-    out = model(
+    out = (prompt_model or model)(
         input_ids=prompt_ids[distinct], attention_mask=mask[distinct], position_ids=positions[distinct],
         use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
     )

@@ -36,8 +36,8 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_logits
-from training_wizard.sharding import unwrap_model
+from training_wizard.rollout.scoring import response_logits, shared_prompt_logits
+from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
@@ -183,6 +183,12 @@ class OnPolicyTrainer:
         self.ref_policy, self.reward = models.ref_policy, models.reward
         self.uses_adapter_as_reference = models.uses_adapter_as_reference
         self.deepspeed_guard = models.deepspeed_guard
+        # The k samples of a prompt in one micro-batch share one pass over it (rollout/scoring.py). Not with
+        # activation checkpointing (transformers drops the KV cache inside checkpointed layers), torch_compile,
+        # or DeepSpeed/FSDP (their engines own the forward pass).
+        config = self.config
+        self.share_prompts_in_update = not (config.gradient_checkpointing or config.torch_compile
+                                            or engine_kind(self.accelerator))
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
@@ -214,7 +220,11 @@ class OnPolicyTrainer:
         """The policy's logprobs (with gradient) and entropy on `rows`, and the ratio's old side: the rollout's
         logprobs, or with a single update pass the update's own, detached (the ratio is then exactly 1)."""
         model = self.update_forward["model"]
-        logits = response_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
+        if self.share_prompts_in_update:
+            logits = shared_prompt_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
+                                          prompt_model=self.unwrapped_policy)
+        else:
+            logits = response_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         token = logprobs_and_entropy(logits, rows["responses"], self.config.temperature)
         old = token.logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
         return token, old
