@@ -12,6 +12,7 @@ from training_wizard.rollout.scoring import (
 )
 from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.trainers.setup import enable_activation_checkpointing
 from training_wizard.tracking.metrics import read_metrics
 
 
@@ -30,6 +31,11 @@ def make_trainer(tokenizer, tmp_path, **overrides):
     options.update(overrides)
     return RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=2),
                        reward_model=x_share, train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+
+
+def starts_a_sequence(forward_kwargs) -> bool:
+    """A pass over prompts (or prompt + response), not one that continues from a KV cache: its positions start at 0."""
+    return int(forward_kwargs["position_ids"][:, 0].max()) == 0
 
 
 def left_padded(tokenizer, texts):
@@ -54,7 +60,7 @@ def test_logprobs_from_sampling_skips_one_forward_pass_per_iteration(tokenizer, 
         calls = []
         model = trainer.unwrapped_policy
         hook = model.register_forward_pre_hook(
-            lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]) if "past_key_values" not in kwargs
+            lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]) if starts_a_sequence(kwargs)
             else None, with_kwargs=True)
         trainer.collect_rollout()
         hook.remove()
@@ -110,11 +116,11 @@ def test_cutting_padding_columns_changes_no_logprob(tokenizer):
 
 
 def prompt_pass_rows(model):
-    """Rows of every forward pass over prompts (passes without a KV cache given), recorded by a hook."""
+    """Rows of every forward pass over prompts, recorded by a hook."""
     rows = []
     hook = model.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0])
-        if kwargs.get("past_key_values") is None else None, with_kwargs=True)
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]) if starts_a_sequence(kwargs) else None,
+        with_kwargs=True)
     return rows, hook
 
 
@@ -152,15 +158,19 @@ def test_chunked_logprob_passes_group_the_samples_of_a_prompt(tokenizer):
     assert (shared[:, 4:][response_mask[:, 4:]] != 0).all()  # rows that went on were written past column 4
 
 
-def test_a_shared_prompt_pass_gives_the_per_row_gradient(tokenizer):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_shared_prompt_pass_gives_the_per_row_gradient(tokenizer, checkpointing):
     """In the update the prompt pass has gradient: through the repeated KV cache it must receive the sum over the
-    rows that share it, as the per-row pass gives."""
+    rows that share it, as the per-row pass gives; also when activation checkpointing replays every layer in the
+    backward (transformers would otherwise drop the cache inside checkpointed layers)."""
     ids, mask = left_padded(tokenizer, ["Hi", "Write something about the sea shore"] * 3)
     responses = torch.randint(5, 300, (6, 4), generator=torch.Generator().manual_seed(2))
     weights = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
     grads = {}
     for name, logits_of in (("plain", response_logits), ("shared", shared_prompt_logits)):
-        model = build_causal_lm(tokenizer, seed=5)
+        model = build_causal_lm(tokenizer, seed=5).train()
+        if checkpointing:
+            enable_activation_checkpointing(model)
         (selective_logprobs(logits_of(model, ids, mask, responses), responses) * weights).sum().backward()
         grads[name] = {n: p.grad for n, p in model.named_parameters()}
     assert all(grads["plain"][n] is not None and grads["shared"][n] is not None for n in grads["plain"])
@@ -169,12 +179,13 @@ def test_a_shared_prompt_pass_gives_the_per_row_gradient(tokenizer):
     assert worst < 1e-4
 
 
-def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokenizer, tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokenizer, tmp_path, checkpointing):
     runs = {}
     for share in (False, True):
         trainer = make_trainer(tokenizer, tmp_path / str(share), total_episodes=8 * 3, num_ppo_epochs=2,
-                               num_mini_batches=1)
-        assert trainer.share_prompts_in_update  # the default: no activation checkpointing, compile or engine
+                               num_mini_batches=1, gradient_checkpointing=checkpointing)
+        assert trainer.share_prompts_in_update  # the default without torch_compile or a DeepSpeed/FSDP engine
         trainer.share_prompts_in_update = share
         rows, hook = prompt_pass_rows(trainer.unwrapped_policy)
         trainer.train()
@@ -190,10 +201,8 @@ def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokeni
     assert max(float((plain_weights[n] - shared_weights[n]).abs().max()) for n in plain_weights) < 1e-5
 
 
-def test_activation_checkpointing_and_compile_keep_the_per_row_update(tokenizer, tmp_path):
-    """Checkpointed layers drop the KV cache the shared pass needs; the compiled update is traced per row."""
-    assert not make_trainer(tokenizer, tmp_path / "a", gradient_checkpointing=True).share_prompts_in_update
-    assert not make_trainer(tokenizer, tmp_path / "b", torch_compile=True).share_prompts_in_update
+def test_a_compiled_update_keeps_the_per_row_pass(tokenizer, tmp_path):
+    assert not make_trainer(tokenizer, tmp_path, torch_compile=True).share_prompts_in_update
 
 
 def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 
 from training_wizard.core.logprobs import selective_logprobs
@@ -47,7 +50,8 @@ def shared_prompt_logits(
     products have other shapes); a batch without repeated prompts runs `response_logits` itself. With gradient
     enabled the prompt pass's gradient is the sum over the rows that share it, as in the per-row pass.
     `prompt_model` runs the prompt pass when given (the update: the module without its data-parallel wrapper,
-    so the wrapper sees one forward pass per backward; the parameters and their gradients are the same).
+    so the wrapper sees one forward pass per backward; the parameters and their gradients are the same). Works
+    under activation checkpointing (see `_checkpointed_layers_keep_cache`).
     """
     distinct, copies = distinct_rows(prompt_ids, prompt_mask)
     batch, width = responses.shape
@@ -55,21 +59,66 @@ def shared_prompt_logits(
         return response_logits(model, prompt_ids, prompt_mask, responses)
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)
-    out = (prompt_model or model)(
-        input_ids=prompt_ids[distinct], attention_mask=mask[distinct], position_ids=positions[distinct],
-        use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
-    )
-    first = out.logits[copies]  # (B, 1, V): each row's prompt predicts its first response token
-    if width == 1:
-        return first
-    past = out.past_key_values
-    past.reorder_cache(copies)
-    steps = torch.arange(1, width, device=positions.device)
-    rest = model(
-        input_ids=responses[:, :-1], attention_mask=torch.cat([mask, mask.new_ones(batch, width - 1)], dim=1),
-        position_ids=positions[:, -1:] + steps, past_key_values=past, use_cache=True,
-    ).logits
+    prompt_model = prompt_model or model
+    with _checkpointed_layers_keep_cache(prompt_model):
+        from transformers import DynamicCache
+
+        prompt_cache = _each_layer(DynamicCache(config=prompt_model.config), _stored_once)
+        out = prompt_model(
+            input_ids=prompt_ids[distinct], attention_mask=mask[distinct], position_ids=positions[distinct],
+            past_key_values=prompt_cache, use_cache=False,  # the layers fill the cache given; nothing else to make
+            logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
+        )
+        first = out.logits[copies]  # (B, 1, V): each row's prompt predicts its first response token
+        if width == 1:
+            return first
+        # Each row's copy of its prompt's keys and values (the backward sums the rows' gradients into them),
+        # in a cache of its own: the prompt pass's replay in the backward writes to `prompt_cache` again.
+        row_cache = _each_layer(DynamicCache(config=prompt_model.config), _read_only)
+        for prompt_layer, row_layer in zip(prompt_cache.layers, row_cache.layers):
+            row_layer.lazy_initialization(prompt_layer.keys, prompt_layer.values)
+            row_layer.keys, row_layer.values = prompt_layer.keys[copies], prompt_layer.values[copies]
+        steps = torch.arange(1, width, device=positions.device)
+        rest = model(
+            input_ids=responses[:, :-1], attention_mask=torch.cat([mask, mask.new_ones(batch, width - 1)], dim=1),
+            position_ids=positions[:, -1:] + steps, past_key_values=row_cache, use_cache=False,
+        ).logits
     return torch.cat([first, rest], dim=1)
+
+
+# Activation checkpointing runs each layer's forward again in the backward. transformers drops the KV cache inside
+# checkpointed layers unless a layer declares it only reads it (`_can_checkpoint_with_cache`), because a second
+# run would append to the cache again. The shared prompt pass makes that safe: its cache layers store the prompt's
+# keys and values instead of appending them (the replay stores the same values again), and the responses' pass
+# reads them joined with its own without storing anything.
+def _stored_once(layer, key_states, value_states, *args, **kwargs):
+    if not layer.is_initialized:
+        layer.lazy_initialization(key_states, value_states)
+    layer.keys, layer.values = key_states, value_states
+    return key_states, value_states
+
+
+def _read_only(layer, key_states, value_states, *args, **kwargs):
+    return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+
+def _each_layer(cache, update):
+    for layer in cache.layers:
+        layer.update = functools.partial(update, layer)
+    return cache
+
+
+@contextlib.contextmanager
+def _checkpointed_layers_keep_cache(model: torch.nn.Module):
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True
+              and hasattr(type(m), "_can_checkpoint_with_cache")]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # the class's value again
 
 
 @torch.no_grad()

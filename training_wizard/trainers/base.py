@@ -184,11 +184,8 @@ class OnPolicyTrainer:
         self.uses_adapter_as_reference = models.uses_adapter_as_reference
         self.deepspeed_guard = models.deepspeed_guard
         # The k samples of a prompt in one micro-batch share one pass over it (rollout/scoring.py). Not with
-        # activation checkpointing (transformers drops the KV cache inside checkpointed layers), torch_compile,
-        # or DeepSpeed/FSDP (their engines own the forward pass).
-        config = self.config
-        self.share_prompts_in_update = not (config.gradient_checkpointing or config.torch_compile
-                                            or engine_kind(self.accelerator))
+        # torch_compile (it traces the per-row pass) or DeepSpeed/FSDP (their engines own the forward pass).
+        self.share_prompts_in_update = not (self.config.torch_compile or engine_kind(self.accelerator))
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
