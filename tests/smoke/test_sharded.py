@@ -133,6 +133,7 @@ use_cpu: false
 """
 
 
+@pytest.mark.slow  # a minute; CI runs it in its slow step, and the default suite has the FSDP2 1-vs-2 test
 def test_fsdp2_resumes_exactly_after_sigterm(tmp_path, tiny_model_dir):
     full, resumed = stop_and_resume(tmp_path, tiny_model_dir, "fsdp2", FSDP2)
     assert max_difference(full, resumed) == 0.0
