@@ -137,17 +137,22 @@ def ensure_trl_venv(venv: Path) -> Path:
 
 
 def matmul_rate(threads: int, dtype: str = "float32") -> float:
-    """GFLOP/s of this machine on a matmul shaped like the 25M model's MLP, in `dtype`, `threads` threads."""
+    """GFLOP/s of this machine on a matmul shaped like the 25M model's MLP, in `dtype`, `threads` threads: the best
+    of 5 rounds of 20 products, since a shared machine's rate dips for seconds at a time (a single round read
+    87-122 GFLOP/s on the same machine on different days)."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(2048, 512, dtype=getattr(torch, dtype)), torch.randn(512, 1408, dtype=getattr(torch, dtype))
     for _ in range(3):
         a @ b
-    started, repeats = time.perf_counter(), 20
-    for _ in range(repeats):
-        a @ b
-    return 2 * 2048 * 512 * 1408 * repeats / (time.perf_counter() - started) / 1e9
+    rates, repeats = [], 20
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        rates.append(2 * 2048 * 512 * 1408 * repeats / (time.perf_counter() - started) / 1e9)
+    return max(rates)
 
 
 def wait_for_quiet(limit_s: float = 120, busy_below: float = 0.2) -> float:
@@ -220,6 +225,7 @@ def worker_ours(args) -> dict:
         "scores": [m["objective/scores"] for m in metrics],
         "parameters": sum(p.numel() for p in trainer.unwrapped_policy.parameters()),
         "old_logprob_pass": not options.get("logprobs_from_sampling", False), "shared_prefill": True,
+        "shared_prompt_passes": True,  # reference, old-logprob and update passes run each distinct prompt once
     }
 
 
@@ -307,9 +313,11 @@ def flops_per_iteration(result: dict, prompt_tokens: int, length: int, *, lora: 
     """Matrix-product FLOPs of one iteration: 2 N per token per forward pass. The update's forward and backward
     count 3 forward passes (the backward computes input and weight gradients), 2 with LoRA (frozen weights get no
     weight gradient; the adapters' is negligible), plus 1 with `recompute` (activation checkpointing runs the
-    forward again during the backward)."""
+    forward again during the backward). With `shared_prompt_passes` the passes over prompt + completion run each
+    distinct prompt once."""
     n, rows = result["parameters"], PROMPTS_PER_ITERATION * K
-    sequence = rows * (prompt_tokens + length)
+    prompt_rows = PROMPTS_PER_ITERATION if result.get("shared_prompt_passes") else rows
+    sequence = prompt_rows * prompt_tokens + rows * length
     prefill = (PROMPTS_PER_ITERATION if result["shared_prefill"] else rows) * prompt_tokens
     update = (2 if lora else 3) + (1 if recompute else 0)
     passes = 1 + (1 if result["old_logprob_pass"] else 0) + update  # reference, old logprobs, update

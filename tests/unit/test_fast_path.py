@@ -127,7 +127,9 @@ def prompt_pass_rows(model):
 @pytest.mark.parametrize("width", [1, 5])
 def test_samples_of_a_prompt_share_one_prompt_pass_in_the_logprob_passes(tokenizer, width):
     model = build_causal_lm(tokenizer, seed=3).eval()
-    ids, mask = left_padded(tokenizer, ["Hi", "Write something about the sea shore", "Paraphrase"] * 2)
+    prompts = ["a", "Write something about the sea shore", "Paraphrase"]
+    assert len(tokenizer("a")["input_ids"]) == 1  # its row of the shared pass is all padding
+    ids, mask = left_padded(tokenizer, prompts * 2)
     responses = torch.randint(5, 300, (6, width), generator=torch.Generator().manual_seed(0))
     rows, hook = prompt_pass_rows(model)
     with torch.no_grad():

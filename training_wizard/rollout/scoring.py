@@ -45,17 +45,19 @@ def shared_prompt_logits(
     """`response_logits` with each distinct prompt run once: rows holding the same prompt (the k samples of one
     prompt) share one pass over it, whose KV cache is repeated for them, and only the responses run per row.
 
-    The prompt's last position predicts the first response token; the responses but their last token predict
-    the rest, attending to the shared cache. Same logits as `response_logits` up to float rounding (the matrix
-    products have other shapes); a batch without repeated prompts runs `response_logits` itself. With gradient
-    enabled the prompt pass's gradient is the sum over the rows that share it, as in the per-row pass.
-    `prompt_model` runs the prompt pass when given (the update: the module without its data-parallel wrapper,
-    so the wrapper sees one forward pass per backward; the parameters and their gradients are the same). Works
-    under activation checkpointing (see `_checkpointed_layers_keep_cache`).
+    The shared pass covers every prompt column but the last (which holds a real token in every left-padded row);
+    the per-row pass runs that last prompt token and the responses but their last token, so it returns the T
+    logits that predict the responses, as one tensor (joining two pieces would hold a second (B, T, V) copy).
+    Same logits as `response_logits` up to float rounding (the matrix products have other shapes); a batch
+    without repeated prompts runs `response_logits` itself. With gradient enabled the prompt pass's gradient is
+    the sum over the rows that share it, as in the per-row pass. `prompt_model` runs the prompt pass when given
+    (the update: the module without its data-parallel wrapper, so the wrapper sees one forward pass per
+    backward; the parameters and their gradients are the same). Works under activation checkpointing (see
+    `_checkpointed_layers_keep_cache`).
     """
     distinct, copies = distinct_rows(prompt_ids, prompt_mask)
-    batch, width = responses.shape
-    if distinct.shape[0] == batch:
+    (batch, width), prompt_width = responses.shape, prompt_ids.shape[1]
+    if distinct.shape[0] == batch or prompt_width < 2:
         return response_logits(model, prompt_ids, prompt_mask, responses)
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)
@@ -64,26 +66,24 @@ def shared_prompt_logits(
         from transformers import DynamicCache
 
         prompt_cache = _each_layer(DynamicCache(config=prompt_model.config), _stored_once)
-        out = prompt_model(
-            input_ids=prompt_ids[distinct], attention_mask=mask[distinct], position_ids=positions[distinct],
-            past_key_values=prompt_cache, use_cache=False,  # the layers fill the cache given; nothing else to make
-            logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
+        prompt_model(
+            input_ids=prompt_ids[distinct, :-1], attention_mask=mask[distinct, :-1],
+            position_ids=positions[distinct, :-1], past_key_values=prompt_cache,
+            use_cache=False,  # the layers fill the cache given; nothing else to make
+            logits_to_keep=last_positions(prompt_width - 1, 1, prompt_ids.device),  # unused: the least it allows
         )
-        first = out.logits[copies]  # (B, 1, V): each row's prompt predicts its first response token
-        if width == 1:
-            return first
         # Each row's copy of its prompt's keys and values (the backward sums the rows' gradients into them),
         # in a cache of its own: the prompt pass's replay in the backward writes to `prompt_cache` again.
         row_cache = _each_layer(DynamicCache(config=prompt_model.config), _read_only)
         for prompt_layer, row_layer in zip(prompt_cache.layers, row_cache.layers):
             row_layer.lazy_initialization(prompt_layer.keys, prompt_layer.values)
             row_layer.keys, row_layer.values = prompt_layer.keys[copies], prompt_layer.values[copies]
-        steps = torch.arange(1, width, device=positions.device)
-        rest = model(
-            input_ids=responses[:, :-1], attention_mask=torch.cat([mask, mask.new_ones(batch, width - 1)], dim=1),
-            position_ids=positions[:, -1:] + steps, past_key_values=row_cache, use_cache=False,
+        return model(
+            input_ids=torch.cat([prompt_ids[:, -1:], responses[:, :-1]], dim=1),
+            attention_mask=torch.cat([mask, mask.new_ones(batch, width - 1)], dim=1),
+            position_ids=positions[:, -1:] + torch.arange(width, device=positions.device),
+            past_key_values=row_cache, use_cache=False,
         ).logits
-    return torch.cat([first, rest], dim=1)
 
 
 # Activation checkpointing runs each layer's forward again in the backward. transformers drops the KV cache inside
