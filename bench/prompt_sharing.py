@@ -80,7 +80,7 @@ def main() -> None:
 
         weights = torch.randn(rows, args.length, generator=generator) / (rows * args.length)
         tokens_plain = rows * (prompt_tokens + args.length)
-        tokens_shared = args.prompts * prompt_tokens + rows * args.length
+        tokens_shared = args.prompts * (prompt_tokens - 1) + rows * args.length  # the last prompt token runs per row
         for name, run in (("no-grad", no_grad_pass), ("update", update_pass)):
             plain, shared = (median_seconds(lambda s=share: run(s), args.repeats) for share in (False, True))
             diff = float((run(True) - run(False)).abs().max())
