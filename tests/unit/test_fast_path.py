@@ -143,6 +143,24 @@ def test_samples_of_a_prompt_share_one_prompt_pass_in_the_logprob_passes(tokeniz
     assert (selective_logprobs(shared, responses) - selective_logprobs(alone, responses)).abs().max() < 1e-5
 
 
+def test_a_sliding_window_model_keeps_the_per_row_pass(tokenizer):
+    """A sliding-window cache layer tracks more than its keys and values; sharing would bypass that state."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             sliding_window=4)).eval()
+    ids, mask = left_padded(tokenizer, ["Write something about the sea shore", "Paraphrase"] * 2)
+    responses = torch.randint(5, 300, (4, 5), generator=torch.Generator().manual_seed(0))
+    rows, hook = prompt_pass_rows(model)
+    with torch.no_grad():
+        shared = shared_prompt_logits(model, ids, mask, responses)
+        alone = response_logits(model, ids, mask, responses)
+    hook.remove()
+    assert rows == [4, 4] and torch.equal(shared, alone)
+
+
 def test_chunked_logprob_passes_group_the_samples_of_a_prompt(tokenizer):
     model = build_causal_lm(tokenizer, seed=3).eval()
     prompts = ["Hi", "Write something about the sea shore", "Paraphrase", "Tell me"]

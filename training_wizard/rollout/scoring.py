@@ -53,19 +53,25 @@ def shared_prompt_logits(
     the sum over the rows that share it, as in the per-row pass. `prompt_model` runs the prompt pass when given
     (the update: the module without its data-parallel wrapper, so the wrapper sees one forward pass per
     backward; the parameters and their gradients are the same). Works under activation checkpointing (see
-    `_checkpointed_layers_keep_cache`).
+    `_checkpointed_layers_keep_cache`). Models whose cache is not plain keys and values per layer (sliding
+    windows, hybrid layers) run `response_logits`.
     """
     distinct, copies = distinct_rows(prompt_ids, prompt_mask)
     (batch, width), prompt_width = responses.shape, prompt_ids.shape[1]
     if distinct.shape[0] == batch or prompt_width < 2:
         return response_logits(model, prompt_ids, prompt_mask, responses)
+    prompt_model = prompt_model or model
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    prompt_cache = DynamicCache(config=prompt_model.config)
+    if not prompt_cache.layers or any(type(layer) is not DynamicLayer for layer in prompt_cache.layers):
+        # sliding-window or hybrid caches keep more state than keys and values: the per-row pass
+        return response_logits(model, prompt_ids, prompt_mask, responses)
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)
-    prompt_model = prompt_model or model
     with _checkpointed_layers_keep_cache(prompt_model):
-        from transformers import DynamicCache
-
-        prompt_cache = _each_layer(DynamicCache(config=prompt_model.config), _stored_once)
+        _each_layer(prompt_cache, _stored_once)
         prompt_model(
             input_ids=prompt_ids[distinct, :-1], attention_mask=mask[distinct, :-1],
             position_ids=positions[distinct, :-1], past_key_values=prompt_cache,
