@@ -91,6 +91,124 @@ def test_k_samples_of_a_prompt_share_one_prefill_and_draw_what_they_drew_alone(t
         assert (shared.logprobs[row] - alone.logprobs[0]).abs().max() < 1e-5
 
 
+def record_in_place_writes(monkeypatch) -> list[bool]:
+    """What each `sample` call's `_write_in_place` returned (whether its cache was written in place)."""
+    from training_wizard.rollout import generation
+
+    returned, write = [], generation._write_in_place
+    monkeypatch.setattr(generation, "_write_in_place", lambda *a: returned.append(write(*a)) or returned[-1])
+    return returned
+
+
+def test_the_decode_cache_written_in_place_changes_no_draw(tokenizer, monkeypatch):
+    """Keys and values written into buffers sized for the whole completion give bit-identical tokens and logprobs
+    to the cache transformers grows by one position per step."""
+    from training_wizard.rollout import generation
+
+    model = build_causal_lm(tokenizer, seed=1).eval()
+    params = GenerationParams(max_new_tokens=7, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now"] * 2)
+    in_place = record_in_place_writes(monkeypatch)
+    written = sample(model, ids, mask, params, row_seeds=list(range(4)))
+    monkeypatch.setattr(generation, "_write_in_place", lambda *a: False)
+    grown = sample(model, ids, mask, params, row_seeds=list(range(4)))
+    assert in_place == [True]
+    assert torch.equal(written.tokens, grown.tokens) and torch.equal(written.logprobs, grown.logprobs)
+
+
+def sliding_window_model(tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            sliding_window=4)).eval()
+
+
+def test_a_sliding_window_cache_grows_as_transformers_grows_it(tokenizer, monkeypatch):
+    model = sliding_window_model(tokenizer)
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    ids, mask = left_padded(tokenizer, ["Write something about the sea shore", "Paraphrase"] * 2)
+    in_place = record_in_place_writes(monkeypatch)
+    drawn = sample(model, ids, mask, params, row_seeds=list(range(4)))
+    assert in_place == [False] and drawn.tokens.shape == (4, 6)
+
+
+def lora_policy(tokenizer, **lora_options):
+    """A tiny LoRA policy whose adapter already moved it (B is zero at initialisation)."""
+    from peft import LoraConfig, get_peft_model
+
+    options = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", **lora_options}
+    policy = get_peft_model(build_causal_lm(tokenizer, seed=2), LoraConfig(**options))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return policy.eval()
+
+
+def test_folded_adapters_give_the_adapted_model_in_one_product_and_change_no_weight(tokenizer):
+    from training_wizard.rollout.adapters import adapters_folded
+
+    policy = lora_policy(tokenizer)
+    ids, mask = left_padded(tokenizer, ["Write something about the sea shore", "Paraphrase"])
+    before = {name: parameter.clone() for name, parameter in policy.named_parameters()}
+    adapter_calls = []
+    hooks = [module.register_forward_hook(lambda *a: adapter_calls.append(1))
+             for name, module in policy.named_modules() if name.endswith("lora_A.default")]
+    with torch.no_grad():
+        adapted = policy(input_ids=ids, attention_mask=mask).logits
+        calls_unfolded = len(adapter_calls)
+        with adapters_folded(policy) as folded:
+            inside = policy(input_ids=ids, attention_mask=mask).logits
+        after = policy(input_ids=ids, attention_mask=mask).logits
+    for hook in hooks:
+        hook.remove()
+    assert folded and calls_unfolded == 14 and len(adapter_calls) == 2 * 14  # none while folded
+    with torch.no_grad(), policy.disable_adapter():
+        base = policy(input_ids=ids, attention_mask=mask).logits
+    assert (adapted - base).abs().max() > 1e-2  # the adapter matters here
+    assert (inside - adapted).abs().max() < 1e-5
+    assert torch.equal(after, adapted)
+    assert all(torch.equal(parameter, before[name]) for name, parameter in policy.named_parameters())
+    assert not any("forward" in vars(module) for module in policy.modules())
+
+
+def test_adapters_that_cannot_be_folded_run_unchanged(tokenizer):
+    from training_wizard.rollout.adapters import adapters_folded, foldable_lora_layers
+
+    assert foldable_lora_layers(build_causal_lm(tokenizer)) is None  # no adapters
+    assert foldable_lora_layers(lora_policy(tokenizer, use_dora=True)) is None  # a variant: weight-decomposed
+    embedded = lora_policy(tokenizer, target_modules=["q_proj", "embed_tokens"])
+    assert foldable_lora_layers(embedded) is None  # one adapter layer that is not linear: none folded
+    with adapters_folded(embedded) as folded:
+        assert not folded
+
+
+def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
+    """With LoRA and logprobs from sampling, no adapter product runs in the rollout (the reference pass disables
+    the adapter, the decode loop folds it), and the sampled logprobs are the adapted model's."""
+    def trainer(folder, **options):
+        return RLOOTrainer(
+            config=RLOOConfig(output_dir=str(tmp_path / folder), per_device_train_batch_size=8, rloo_k=4,
+                              total_episodes=16, response_length=6, num_sample_generations=0, seed=4, **options),
+            tokenizer=tokenizer, policy=lora_policy(tokenizer), reward_model=x_share,
+            train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+
+    fast = trainer("a", logprobs_from_sampling=True)
+    adapter_calls = []
+    hooks = [module.register_forward_hook(lambda *a: adapter_calls.append(1))
+             for name, module in fast.unwrapped_policy.named_modules() if name.endswith("lora_A.default")]
+    sampled = fast.collect_rollout()
+    for hook in hooks:
+        hook.remove()
+    forward = trainer("b").collect_rollout()
+    assert adapter_calls == []
+    assert torch.equal(sampled.responses, forward.responses)
+    assert (sampled.logprobs - forward.logprobs)[forward.response_mask].abs().max() < 1e-5
+
+
 def test_no_repeated_prompts_keep_the_plain_prefill():
     ids = torch.arange(12).reshape(4, 3)
     first, copies = distinct_rows(ids, torch.ones_like(ids, dtype=torch.bool))
@@ -145,12 +263,7 @@ def test_samples_of_a_prompt_share_one_prompt_pass_in_the_logprob_passes(tokeniz
 
 def test_a_sliding_window_model_keeps_the_per_row_pass(tokenizer):
     """A sliding-window cache layer tracks more than its keys and values; sharing would bypass that state."""
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             sliding_window=4)).eval()
+    model = sliding_window_model(tokenizer)
     ids, mask = left_padded(tokenizer, ["Write something about the sea shore", "Paraphrase"] * 2)
     responses = torch.randint(5, 300, (4, 5), generator=torch.Generator().manual_seed(0))
     rows, hook = prompt_pass_rows(model)

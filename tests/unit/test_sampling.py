@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training_wizard.rollout.prompts import row_seed
-from training_wizard.rollout.sampling import keyed_uniforms, sample_from_logits
+from training_wizard.rollout.sampling import greedy_with_logprobs, keyed_uniforms, sample_from_logits, sample_with_logprobs
 
 # Chi-square critical values at p = 0.001 (degrees of freedom -> value), from the standard table.
 CHI2_999 = {7: 24.32, 11: 31.26}
@@ -71,3 +71,22 @@ def test_zero_probability_tokens_are_never_drawn():
     logits = torch.tensor([[0.0, float("-inf"), 0.0, float("-inf")]]).expand(5_000, -1)
     tokens = sample_from_logits(logits, 1.0, keys(5_000), step=2)
     assert set(tokens.tolist()) == {0, 2}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_tokens_carry_their_log_probability(temperature):
+    """The draw and its logprob come from one pass over the vocabulary (unnormalised weights and their total):
+    the tokens are `sample_from_logits`'s, the logprobs those of a float64 log-softmax to float32 rounding."""
+    logits = torch.randn(16, 5000, generator=torch.Generator().manual_seed(0)) * 4  # one partial block of 904
+    tokens, logprobs = sample_with_logprobs(logits, temperature, keys(16), step=2)
+    assert torch.equal(tokens, sample_from_logits(logits, temperature, keys(16), step=2))
+    exact = torch.log_softmax(logits.double() / temperature, -1).gather(1, tokens[:, None]).squeeze(1)
+    assert logprobs.dtype == torch.float32 and (logprobs.double() - exact).abs().max() < 2e-6
+
+
+def test_greedy_tokens_carry_their_log_probability():
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))
+    tokens, logprobs = greedy_with_logprobs(logits)
+    assert torch.equal(tokens, logits.argmax(-1))
+    exact = torch.log_softmax(logits.double(), -1).gather(1, tokens[:, None]).squeeze(1)
+    assert (logprobs.double() - exact).abs().max() < 2e-6

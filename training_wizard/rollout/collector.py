@@ -21,6 +21,7 @@ import torch
 from training_wizard.collectives import Collectives
 from training_wizard.core.masking import truncate_after_stop
 from training_wizard.errors import UserError
+from training_wizard.rollout.adapters import adapters_folded
 from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
@@ -153,11 +154,14 @@ class RolloutCollector:
         params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad)
         all_finished = self.collectives.all_true if engine.sharded else None
         step = settings.forward_batch_size
-        chunks = [
-            sample(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
-                   seeds[start : start + step], all_finished)
-            for start in range(0, prompt_ids.shape[0], step)
-        ]
+        # LoRA folded into the base weights for the decode loop (rollout/adapters.py); a sharded model's weights
+        # are gathered layer by layer inside its forward, so it runs as it is.
+        with contextlib.nullcontext() if engine.sharded else adapters_folded(engine.model):
+            chunks = [
+                sample(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
+                       seeds[start : start + step], all_finished)
+                for start in range(0, prompt_ids.shape[0], step)
+            ]
         # One width on every process: token-level statistics gather (B, T) tensors across processes.
         width = self.collectives.max_int(max(chunk.tokens.shape[1] for chunk in chunks))
         raw = torch.cat([torch.nn.functional.pad(c.tokens, (0, width - c.tokens.shape[1]), value=pad) for c in chunks])

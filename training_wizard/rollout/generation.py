@@ -1,19 +1,20 @@
 """Sampling completions with a KV cache, randomness keyed per row.
 
 Each row has a key from (run seed, iteration, prompt slot, sample index), given by the caller, and each token is
-drawn with `rollout.sampling.sample_from_logits` from a uniform that depends only on (key, token step), computed
+drawn with `rollout.sampling.sample_with_logprobs` from a uniform that depends only on (key, token step), computed
 on the model's device. A prompt therefore gets the same completions whichever process samples it and whatever
 else is in its batch (DESIGN 5b), which is what lets one process and two processes end with the same weights.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from training_wizard.rollout.sampling import sample_from_logits
+from training_wizard.rollout.sampling import greedy_with_logprobs, sample_with_logprobs
 
 
 @dataclass
@@ -89,20 +90,18 @@ def sample(
         use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
     )
     past, logits = out.past_key_values, out.logits[copies, -1, :]
-    if distinct.shape[0] < batch:
+    if not _write_in_place(past, copies, prompt_ids.shape[1] + params.max_new_tokens) and distinct.shape[0] < batch:
         past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-    scale = params.temperature if params.temperature > 0 else 1.0
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     for step in range(params.max_new_tokens):
         if params.temperature == 0:  # greedy (evaluation); training always samples
-            token = logits.argmax(dim=-1)
+            token, logprob = greedy_with_logprobs(logits)
         else:
-            token = sample_from_logits(logits, params.temperature, keys, step)
-        scaled = logits.float() / scale
-        logprobs.append(scaled.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
+            token, logprob = sample_with_logprobs(logits, params.temperature, keys, step)
+        logprobs.append(logprob)
         token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
         tokens.append(token)
         if params.stop_token_id is not None:
@@ -123,6 +122,41 @@ def sample(
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
+
+
+def _write_in_place(cache, copies: torch.Tensor, capacity: int) -> bool:
+    """Give each layer of a plain key/value cache buffers for `capacity` positions, filled with row i's prompt
+    `copies[i]`, that later steps write into. Returns False, changing nothing, for other caches (sliding-window,
+    hybrid or quantised layers keep more state), which then grow as transformers grows them.
+
+    A growing cache copies every layer's keys and values into a new, one-longer tensor at every token step: for
+    64 rows of 64 tokens that is gigabytes of copies per completion batch, and a heap left full of holes of every
+    size, which is most of what raises the peak memory of the update that follows. The layers' `keys` and
+    `values` stay views of the filled positions, so attention reads exactly the values it read before.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    if not cache.layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in cache.layers):
+        return False
+    for layer in cache.layers:
+        filled = layer.keys.shape[-2]
+        buffers = []
+        for stored in (layer.keys, layer.values):
+            rows, heads, _, width = stored.shape
+            buffer = stored.new_empty(copies.shape[0], heads, capacity, width)
+            buffer[:, :, :filled] = stored[copies]
+            buffers.append(buffer)
+        layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
+        layer.update = functools.partial(_write_next, layer, *buffers)
+    return True
+
+
+def _write_next(layer, key_buffer, value_buffer, key_states, value_states, *args, **kwargs):
+    start, end = layer.keys.shape[-2], layer.keys.shape[-2] + key_states.shape[-2]
+    key_buffer[:, :, start:end] = key_states
+    value_buffer[:, :, start:end] = value_states
+    layer.keys, layer.values = key_buffer[:, :, :end], value_buffer[:, :, :end]
+    return layer.keys, layer.values
 
 
 def distinct_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
