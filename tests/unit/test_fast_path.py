@@ -335,7 +335,9 @@ def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokeni
 
 
 def test_a_compiled_update_keeps_the_per_row_pass(tokenizer, tmp_path):
-    assert not make_trainer(tokenizer, tmp_path, torch_compile=True).share_prompts_in_update
+    compiled = make_trainer(tokenizer, tmp_path, torch_compile=True)
+    assert not compiled.share_prompts_in_update
+    assert compiled.collector.settings.share_prompts  # the no-grad passes are not compiled: they still share
 
 
 def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):
@@ -435,3 +437,13 @@ def test_a_compiled_update_trains_like_the_eager_one(tokenizer, tmp_path):
         for key in ("loss/policy_avg", "policy/entropy_avg", "policy/approxkl_avg", "objective/scores"):
             assert abs(eager[key] - compiled[key]) < 1e-5, key
     assert all((eager_weights[k] - compiled_weights[k]).abs().max() < 1e-5 for k in eager_weights)
+
+
+def test_sharded_weights_keep_every_pass_per_row(tokenizer, tmp_path, monkeypatch):
+    """Under DeepSpeed or FSDP each forward pass is a collective: the number of passes must not depend on how many
+    distinct prompts a process holds, so neither the rollout nor the update shares prompt passes."""
+    from training_wizard.trainers import setup
+
+    monkeypatch.setattr(setup, "engine_kind", lambda accelerator: "fsdp")
+    trainer = make_trainer(tokenizer, tmp_path)
+    assert not trainer.collector.settings.share_prompts and not trainer.share_prompts_in_update

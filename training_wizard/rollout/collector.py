@@ -26,7 +26,7 @@ from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
-from training_wizard.sharding import engine_kind, unwrap_model
+from training_wizard.sharding import unwrap_model
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
 ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -45,6 +45,7 @@ class SamplingSettings:
     score_without_stop: float | None = None  # PPO's non_eos_penalty: such a completion's score is replaced by this
     gather_weights_for_generation: bool = True  # ds3_gather_for_generation
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
+    share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
 
 
 @dataclass(frozen=True)
@@ -171,11 +172,9 @@ class RolloutCollector:
 
     def _logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         settings = self.settings
-        # Under DeepSpeed or FSDP a frozen or policy model may be sharded, each forward pass then a collective
-        # that every process must run alike: prompts are shared only without them.
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
-            share_prompts=engine_kind(self.accelerator) is None,
+            share_prompts=settings.share_prompts,
         )
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:

@@ -37,7 +37,7 @@ from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import response_logits, shared_prompt_logits
-from training_wizard.sharding import engine_kind, unwrap_model
+from training_wizard.sharding import unwrap_model
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
@@ -162,6 +162,7 @@ class OnPolicyTrainer:
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
             logprobs_from_sampling=config.logprobs_from_sampling,
+            share_prompts=self.shared_prompt_passes,
         )
 
     def _stop_token_id(self) -> int | None:
@@ -183,9 +184,8 @@ class OnPolicyTrainer:
         self.ref_policy, self.reward = models.ref_policy, models.reward
         self.uses_adapter_as_reference = models.uses_adapter_as_reference
         self.deepspeed_guard = models.deepspeed_guard
-        # The k samples of a prompt in one micro-batch share one pass over it (rollout/scoring.py). Not with
-        # torch_compile (it traces the per-row pass) or DeepSpeed/FSDP (their engines own the forward pass).
-        self.share_prompts_in_update = not (self.config.torch_compile or engine_kind(self.accelerator))
+        self.shared_prompt_passes = models.shared_prompt_passes
+        self.share_prompts_in_update = models.update_shares_prompts
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:

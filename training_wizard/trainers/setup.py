@@ -28,7 +28,12 @@ class PreparedModels:
     """trained: the prepared trained models by checkpoint folder name ("model" is the policy); update_forward: the
     modules the update's forward passes call (compiled with `torch_compile`, sharing the parameters); ref_policy:
     None when the reference is the LoRA policy with its adapter disabled (`uses_adapter_as_reference`);
-    deepspeed_guard: set under DeepSpeed, whose engine steps inside the backward (sharding.py)."""
+    deepspeed_guard: set under DeepSpeed, whose engine steps inside the backward (sharding.py).
+
+    shared_prompt_passes: whether the k samples of a prompt share one pass over it in the rollout's logprob passes
+    (rollout/scoring.py); not under DeepSpeed or FSDP, where every forward pass is a collective that must run
+    alike on every process, and the number of passes would depend on each process's data. update_shares_prompts:
+    the same for the update's forward, which also keeps the per-row pass under torch_compile (it traces that one)."""
 
     trained: dict[str, torch.nn.Module]
     update_forward: dict[str, torch.nn.Module]
@@ -38,6 +43,8 @@ class PreparedModels:
     reward: torch.nn.Module | RewardSpec
     uses_adapter_as_reference: bool
     deepspeed_guard: DeepSpeedStepGuard | None
+    shared_prompt_passes: bool
+    update_shares_prompts: bool
 
 
 def prepare_models(
@@ -99,6 +106,8 @@ def prepare_models(
         reward=prepare_frozen(accelerator, reward) if isinstance(reward, torch.nn.Module) else reward,
         uses_adapter_as_reference=uses_adapter_as_reference,
         deepspeed_guard=guard,
+        shared_prompt_passes=not engine_kind(accelerator),
+        update_shares_prompts=not (engine_kind(accelerator) or config.torch_compile),
     )
 
 
