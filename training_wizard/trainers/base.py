@@ -4,21 +4,20 @@ One iteration (DESIGN section 1):
   1. take this process's prompts of the shared order          `_next_prompts`
   2-5. sample, truncate, logprobs (policy, reference), score   `RolloutCollector.collect` (rollout/collector.py)
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
-  7. update: epochs x mini-batches x gradient accumulation    `_update` + subclass `micro_batch_loss`
+  7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py) + subclass `micro_batch_loss`
   8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
 
 Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
 the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
 the rollout and every mini-batch; a checkpoint restores the run exactly (weights, optimizer, scheduler, RunState).
 Every cross-process collective goes through `self.collectives` (collectives.py). The models, optimizer and
-schedule are set up once by trainers/setup.py.
+schedule are set up once by trainers/setup.py; the update loop of step 7 is in trainers/update.py.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,7 +30,6 @@ from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.core.logprobs import TokenLogprobs, logprobs_and_entropy
-from training_wizard.core.masking import masked_mean
 from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
@@ -43,6 +41,7 @@ from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models
+from training_wizard.trainers.update import MicroBatchLoss, UpdateLoop
 
 
 class RunState:
@@ -85,23 +84,7 @@ class PromptBatch:
     seeds: list[int]
 
 
-@dataclass
-class MicroBatchLoss:
-    """What one micro-batch's forward pass gives the update loop (subclass hook `micro_batch_loss`).
-
-    loss: scalar to back-propagate; entropy: (b, T) detached policy entropy (for its metric, and the guard: it
-    is non-finite where a logit is, see `logprobs_and_entropy`); ratio: (b,) or (b, T) policy ratios (summarised
-    as val/ratio); stats: scalar metrics averaged over micro-batches. Holding no logits lets the backward free
-    them as soon as it has used them.
-    """
-
-    loss: torch.Tensor
-    entropy: torch.Tensor
-    ratio: torch.Tensor
-    stats: dict[str, torch.Tensor]  # at least "loss/policy_avg", "policy/approxkl_avg", "policy/clipfrac_avg"
-
-
-class OnPolicyTrainer:
+class OnPolicyTrainer(UpdateLoop):
     """The shared loop. Subclasses implement `shape_rewards` (step 6) and `micro_batch_loss` (step 7).
 
     The checkpoint interface (checkpoint.py) is public: `accelerator`, `collectives`, `config`, `optimizer`,
@@ -334,98 +317,6 @@ class OnPolicyTrainer:
             folder = save_checkpoint(self, state=state)
         # Ranks that saw no signal themselves stop with the signal the others got (SIGTERM if unknown).
         raise TrainingInterrupted(stop.signum or 15, str(folder), step)
-
-    # ---------------------------------------------------------------------------------------------- update
-    def _update(self, rollout: Rollout, shaped: ShapedRewards) -> dict[str, float]:
-        """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
-
-        `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
-        all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
-        whose engine does its own accumulation). Every mini-batch is exactly gradient_accumulation_steps
-        micro-batches, so accelerate's step counter is a multiple of them at every iteration boundary (which is
-        what makes a checkpoint taken there resume exactly).
-        """
-        config, plan = self.config, self.plan
-        for model in self.trained_models.values():
-            model.train()
-        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        ratios: list[torch.Tensor] = []
-        for epoch in range(config.num_ppo_epochs):
-            order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
-            for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
-                # non-finite logits, loss: guards.MINI_BATCH_TENSORS without the gradient (checked at the step)
-                flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)
-                for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
-                    index = order[start : start + plan.micro_batch_size]
-                    with self.accelerator.accumulate(*self.trained_models.values()):
-                        ratios.append(self._micro_step(rollout, shaped, index, stats, flags))
-                        if self.accelerator.sync_gradients:
-                            self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
-                fault_point("update", self.state.iteration)
-        summary = {key: float(self.collectives.mean(torch.stack(values).mean().to(self.accelerator.device)))
-                   for key, values in stats.items()}
-        summary.update(self._ratio_summary(ratios))
-        return summary
-
-    def _micro_step(self, rollout, shaped: ShapedRewards, index, stats, flags: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its real ratios (flattened) for val/ratio."""
-        rows = rollout.rows(index)  # cut to the rows' content: no work on padding
-        width = rows.pop("width")
-        shaped_rows = {name: value[index, :width] if value.dim() == 2 else value[index]
-                       for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
-        out = self.micro_batch_loss(rows, shaped_rows)
-        if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
-            out.loss = out.loss * float("nan")
-        with torch.no_grad():  # numerical guard: one isfinite reduction per tensor, no host sync here
-            flags |= ~torch.stack([guards.all_finite(out.entropy), guards.all_finite(out.loss.detach())])
-            entropy = masked_mean(out.entropy, rows["response_mask"])
-        loss = out.loss
-        if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
-            self.collectives.any_true(*flags.tolist())
-        ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
-            loss = self.deepspeed_guard.poison(loss)
-        self.accelerator.backward(loss)
-        for name, value in out.stats.items():
-            stats[name].append(value)
-        stats["policy/entropy_avg"].append(entropy)
-        return out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["response_mask"]]
-
-    def _ratio_summary(self, ratios: list[torch.Tensor]) -> dict[str, float]:
-        """val/ratio and val/ratio_var over every ratio of every process, from sums: processes may hold different
-        numbers of them (token-level ratios count real tokens)."""
-        values = torch.cat(ratios).double().to(self.accelerator.device)
-        sums = self.collectives.sum(torch.stack([values.sum(), (values**2).sum(), values.new_tensor(values.numel())]))
-        count = sums[2].clamp(min=1)
-        mean = sums[0] / count
-        return {"val/ratio": float(mean), "val/ratio_var": float((sums[1] / count - mean**2).clamp(min=0))}
-
-    def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
-        """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step."""
-        config = self.config
-        parameters = [p for model in self.trained_models.values() for p in model.parameters()]
-        if config.max_grad_norm is not None:
-            norm = self.accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-        else:
-            grads = [p.grad.detach() for p in parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
-        if hasattr(norm, "full_tensor"):  # FSDP2 returns the norm as a DTensor: make it a plain tensor
-            norm = norm.full_tensor()
-        # fp16 loss scaling expects inf gradients now and then: its GradScaler skips those steps itself.
-        checks_grad = isinstance(norm, torch.Tensor) and self.accelerator.scaler is None
-        grad_bad = ~torch.isfinite(norm).reshape(1) if checks_grad else flags.new_zeros(1)
-        if self.deepspeed_guard is not None and not self.policy.fp16_enabled():
-            # the engine has stepped already (inside backward), or skipped the step on a non-finite gradient
-            grad_bad = flags.new_tensor([self.deepspeed_guard.step_was_skipped()])
-        bad = self.collectives.any_true(*torch.cat([flags, grad_bad.to(flags.device)]).tolist())  # all step or skip
-        name = guards.first_flagged(guards.MINI_BATCH_TENSORS, bad)
-        if name is None:
-            self.optimizer.step()
-        elif config.skip_nonfinite_batches:
-            self.state.skipped_batches += 1
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise guards.nonfinite_error(name, self.state.iteration, where)
-        self.optimizer.zero_grad(set_to_none=True)
 
     # ---------------------------------------------------------------------------------------------- metrics
     def _iteration_metrics(self, rollout: Rollout, shaped: ShapedRewards, update_stats: dict[str, float],

@@ -22,7 +22,8 @@ from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.value import value_logits
 from training_wizard.sharding import unwrap_model
-from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
+from training_wizard.trainers.base import OnPolicyTrainer
+from training_wizard.trainers.update import MicroBatchLoss
 from training_wizard.trainers.config import PPOConfig
 
 

@@ -7,7 +7,8 @@ import torch
 from training_wizard.core.advantages import RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.record import Rollout
-from training_wizard.trainers.base import MicroBatchLoss, OnPolicyTrainer
+from training_wizard.trainers.base import OnPolicyTrainer
+from training_wizard.trainers.update import MicroBatchLoss
 from training_wizard.trainers.config import RLOOConfig
 
 
