@@ -63,6 +63,7 @@ PROMPTS = [f"Write one sentence about {topic}." for topic in (
     "the sea", "a mountain", "bread", "rain", "a library", "the moon", "coffee", "a bicycle", "winter", "a garden",
     "music", "a river", "trains", "an old house", "a market", "the wind")]
 PROMPTS_PER_ITERATION, K, LEARNING_RATE, KL = 16, 4, 1e-6, 0.05
+LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}  # both sides' adapter, in our model spec's form
 
 
 def reward(prompts, completions, **columns):
@@ -187,7 +188,7 @@ def worker_ours(args) -> dict:
     from training_wizard.specs.model import TransformerSpec
     from training_wizard.tracking.metrics import read_metrics
 
-    lora = {"r": 16, "alpha": 32, "target_modules": "all-linear"} if args.lora else None
+    lora = LORA if args.lora else None
     spec = TransformerSpec(pretrained_name=args.model, lora=lora)
     tokenizer = spec.load_tokenizer()
     policy = spec.apply_lora(spec.load_causal_lm(args.dtype))
@@ -258,8 +259,8 @@ def worker_trl(args) -> dict:
     if args.lora:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0,
-                                 task_type="CAUSAL_LM")
+        peft_config = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"],
+                                 lora_dropout=0.0, task_type="CAUSAL_LM")
     iterations = args.warmup + args.iterations
     config = RLOOConfig(
         output_dir=args.out, per_device_train_batch_size=PROMPTS_PER_ITERATION * K, num_generations=K,

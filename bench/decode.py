@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from bench_rloo import K, PROMPTS, PROMPTS_PER_ITERATION, build_models, wait_for_quiet  # noqa: E402
+from bench_rloo import K, LORA, PROMPTS, PROMPTS_PER_ITERATION, build_models, wait_for_quiet  # noqa: E402
 
 
 def worker(args) -> None:
@@ -43,7 +43,7 @@ def worker(args) -> None:
         from training_wizard.rollout.adapters import adapters_folded
     except ImportError:  # an earlier revision: no folding
         adapters_folded = lambda model: contextlib.nullcontext()  # noqa: E731
-    lora = {"r": 16, "alpha": 32, "target_modules": "all-linear"} if args.lora else None
+    lora = LORA if args.lora else None
     spec = TransformerSpec(pretrained_name=args.model, lora=lora)
     tokenizer = spec.load_tokenizer()
     tokenizer.padding_side = "left"

@@ -1,12 +1,11 @@
 """LoRA adapters folded into their base weights while the sampling loop runs.
 
 A LoRA linear layer computes base(x) + B(A(x)) * scaling: three matrix products and three element-wise passes
-where the base layer alone needs one product. In the token-by-token decode, where each product is small, that
-extra work cost SmolLM2-135M with r 16 on every linear layer about 15% of its sampling time on CPU. Sampling does
-not need the gradient, so each such layer can instead run one product with W + B A * scaling, computed once per
-rollout. Nothing is changed in place: the folded weights are new tensors, dropped when the context ends, and the
-trained adapter and base weights are never touched (an in-place merge and unmerge would leave rounding drift in
-the base weights). The folded product differs from the unfolded one by float rounding only (about 1e-6 in the
+where the base layer alone needs one product, and in the token-by-token decode each of them is small, so that
+overhead counts (`bench/decode.py` measures the decode loop with folding). Sampling does not need the gradient,
+so each such layer can instead run one product with W + B A * scaling, computed once per rollout. Nothing is
+changed in place: the folded weights are new tensors, dropped when the context ends, and the trained adapter and
+base weights are never touched (an in-place merge and unmerge would leave rounding drift in the base weights). The folded product differs from the unfolded one by float rounding only (about 1e-6 in the
 logprobs in float32).
 """
 

@@ -8,7 +8,9 @@ import functools
 import torch
 
 from training_wizard.core.logprobs import selective_logprobs
-from training_wizard.rollout.generation import distinct_rows, last_positions, position_ids_from_mask
+from training_wizard.rollout.generation import (
+    distinct_rows, last_positions, plain_key_value_cache, position_ids_from_mask,
+)
 
 
 def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
@@ -62,11 +64,9 @@ def shared_prompt_logits(
         return response_logits(model, prompt_ids, prompt_mask, responses)
     prompt_model = prompt_model or model
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
     prompt_cache = DynamicCache(config=prompt_model.config)
-    if not prompt_cache.layers or any(type(layer) is not DynamicLayer for layer in prompt_cache.layers):
-        # sliding-window or hybrid caches keep more state than keys and values: the per-row pass
+    if not plain_key_value_cache(prompt_cache):  # the cache layers set below would bypass their extra state
         return response_logits(model, prompt_ids, prompt_mask, responses)
     mask = prompt_mask.long()
     positions = position_ids_from_mask(mask)
