@@ -231,13 +231,13 @@ def worker_ours(args) -> dict:
 
 
 def run_ours(checkout: Path, model: Path, length: int, out: Path, *, warmup: int, iterations: int, threads: int,
-             checkpointing: str, options: list[str]) -> dict:
+             checkpointing: str, options: list[str], lora: bool = False) -> dict:
     """One fresh process of `worker_ours` with PYTHONPATH at `checkout` (a revision of training-wizard); returns
     its result, or exits with its error."""
     command = [sys.executable, str(REPO / "bench" / "bench_rloo.py"), "--worker", "ours", "--model", str(model),
                "--length", str(length), "--out", str(out), "--result", f"{out}.json", "--warmup", str(warmup),
                "--iterations", str(iterations), "--threads", str(threads), "--gradient-checkpointing", checkpointing,
-               *[f"--ours-option={option}" for option in options]]
+               *[f"--ours-option={option}" for option in options], *(["--lora"] if lora else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

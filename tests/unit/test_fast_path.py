@@ -8,9 +8,9 @@ from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import (
-    batched_logprobs, content_columns, response_logits, shared_prompt_logits,
+    batched_logprobs, content_columns, plain_output_head, response_logits, shared_prompt_logits,
 )
-from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
+from training_wizard.core.logprobs import head_logprobs, logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm, build_tokenizer
 from training_wizard.trainers.setup import enable_activation_checkpointing
 from training_wizard.tracking.metrics import read_metrics
@@ -389,16 +389,19 @@ def test_the_entropy_flags_every_kind_of_non_finite_logit(bad):
     assert not torch.isfinite(entropy[1, 2]) and torch.isfinite(entropy[0]).all() and torch.isfinite(entropy[1, :2]).all()
 
 
-@pytest.mark.parametrize("share_prompts", [False, True])
-def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, monkeypatch, share_prompts):
-    """The update's peak memory: nothing may keep a micro-batch's (b, T, V) logits alive once the backward has
-    used them (holding them for the entropy metric cost 140-300 MB of peak on the bench's 25M model)."""
+@pytest.mark.parametrize("share_prompts,from_hidden_states", [(False, False), (True, False), (True, True)])
+def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, monkeypatch, share_prompts,
+                                                         from_hidden_states):
+    """The update's peak memory: nothing may keep a micro-batch's (b, T, V) logits (or the hidden states the
+    output layer is applied to) alive once the backward has used them (holding them for the entropy metric cost
+    140-300 MB of peak on the bench's 25M model)."""
     import weakref
 
-    import training_wizard.trainers.base as base
+    import training_wizard.rollout.scoring as scoring
 
     trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1)
     trainer.share_prompts_in_update = share_prompts
+    trainer.head_logprobs_in_update = from_hidden_states
     logits_refs, alive_after_backward = [], []
     real_backward = trainer.accelerator.backward
 
@@ -414,8 +417,8 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
         del loss
         alive_after_backward.append(logits_refs[-1]() is not None)
 
-    monkeypatch.setattr(base, "response_logits", tracked(base.response_logits))
-    monkeypatch.setattr(base, "shared_prompt_logits", tracked(base.shared_prompt_logits))
+    monkeypatch.setattr(scoring, "response_logits", tracked(scoring.response_logits))
+    monkeypatch.setattr(scoring, "shared_prompt_logits", tracked(scoring.shared_prompt_logits))
     monkeypatch.setattr(trainer.accelerator, "backward", tracked_backward)
     trainer.train()
     assert alive_after_backward == [False] * 2  # 2 iterations x 1 micro-batch
@@ -447,3 +450,90 @@ def test_sharded_weights_keep_every_pass_per_row(tokenizer, tmp_path, monkeypatc
     monkeypatch.setattr(setup, "engine_kind", lambda accelerator: "fsdp")
     trainer = make_trainer(tokenizer, tmp_path)
     assert not trainer.collector.settings.share_prompts and not trainer.share_prompts_in_update
+    # nor do they take logprobs from hidden states: the output layer's weight is whole only inside the forward
+    assert not trainer.collector.settings.head_logprobs and not trainer.head_logprobs_in_update
+
+
+@pytest.mark.parametrize("temperature,bias,dtype", [(1.0, False, torch.float32), (0.7, True, torch.float32),
+                                                     (1.0, False, torch.bfloat16)])
+def test_logprobs_from_hidden_states_equal_those_from_the_logits(monkeypatch, temperature, bias, dtype):
+    """`head_logprobs` (the output layer a chunk of rows at a time, its logits made again in the backward) gives
+    the logprobs, entropy and gradients of the whole logits' path, over several chunks and a shorter last one."""
+    import training_wizard.core.logprobs as logprobs_module
+
+    monkeypatch.setattr(logprobs_module, "_CHUNK_ELEMENTS", 4 * 300)  # 4 rows per chunk: 15 rows in 4 chunks
+    generator = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=bias).to(dtype)
+    hidden = torch.randn(3, 5, 16, generator=generator).to(dtype).requires_grad_()
+    tokens = torch.randint(0, 300, (3, 5), generator=generator)
+    weights = torch.randn(3, 5, generator=generator)
+    results = []
+    for compute in (lambda: logprobs_and_entropy(head(hidden), tokens, temperature),
+                    lambda: logprobs_module.head_logprobs(hidden, head, tokens, temperature)):
+        hidden.grad = None
+        head.zero_grad(set_to_none=True)
+        token = compute()
+        (token.logprobs * weights).sum().backward()
+        results.append([token.logprobs, token.entropy, hidden.grad, *(p.grad for p in head.parameters())])
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for expected, got in zip(*results, strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert (got.float() - expected.float()).abs().max() <= tolerance * max(1.0, expected.float().abs().max())
+
+
+def test_logprobs_from_hidden_states_flag_non_finite_values():
+    head = torch.nn.Linear(8, 50)
+    hidden = torch.randn(2, 3, 8)
+    hidden[1, 2, 0] = float("nan")
+    token = head_logprobs(hidden, head, torch.zeros(2, 3, dtype=torch.long))
+    assert not torch.isfinite(token.entropy[1, 2]) and torch.isfinite(token.entropy[0]).all()
+
+
+def test_only_plain_output_layers_are_applied_outside_the_forward(tokenizer):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    assert plain_output_head(build_causal_lm(tokenizer)) is not None
+    assert plain_output_head(build_causal_lm(tokenizer, arch="qwen2")) is not None
+    # Gemma 2 soft-caps its logits after the output layer: its logits must come from its own forward
+    capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    assert plain_output_head(capped) is None
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_logprobs_from_hidden_states_train_as_the_logits_path_and_never_hold_whole_logits(tokenizer, tmp_path,
+                                                                                          lora):
+    """The same run with the rollout's and the update's logprobs from hidden states, and from whole logits: equal
+    metrics and weights to rounding. With hidden states, the output layer runs only in generation (one position
+    per row); every pass over the completions stops at the hidden states."""
+    import dataclasses
+
+    runs = {}
+    for from_hidden_states in (False, True):
+        trainer = make_trainer(tokenizer, tmp_path / str(from_hidden_states), total_episodes=8 * 3,
+                               num_ppo_epochs=2, num_mini_batches=2)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            policy = get_peft_model(build_causal_lm(tokenizer, seed=2), LoraConfig(r=4, target_modules="all-linear"))
+            trainer = RLOOTrainer(config=trainer.config, tokenizer=tokenizer, policy=policy, reward_model=x_share,
+                                  train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+        assert trainer.head_logprobs_in_update and trainer.collector.settings.head_logprobs  # the default
+        trainer.head_logprobs_in_update = from_hidden_states
+        trainer.collector.settings = dataclasses.replace(trainer.collector.settings, head_logprobs=from_hidden_states)
+        vocabulary = len(tokenizer)
+        widths = []
+        head = trainer.unwrapped_policy.get_output_embeddings()
+        hook = head.register_forward_hook(lambda module, args, out: widths.append(tuple(out.shape)))
+        trainer.train()
+        hook.remove()
+        whole = [shape for shape in widths if shape[-1] == vocabulary and shape[1] > 1]
+        assert bool(whole) is not from_hidden_states, whole
+        runs[from_hidden_states] = (read_metrics(tmp_path / str(from_hidden_states)),
+                                    trainer.unwrapped_policy.state_dict())
+    (plain, plain_weights), (hidden, hidden_weights) = runs[False], runs[True]
+    for a, b in zip(plain, hidden, strict=True):
+        for key in ("objective/scores", "objective/kl", "objective/entropy", "loss/policy_avg", "val/ratio",
+                    "policy/approxkl_avg", "policy/entropy_avg"):
+            assert abs(a[key] - b[key]) < 1e-5, key
+    assert max(float((plain_weights[n] - hidden_weights[n]).abs().max()) for n in plain_weights) < 1e-5

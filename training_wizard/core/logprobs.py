@@ -65,3 +65,94 @@ def logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature
             entropies.append(log_z - weighted.sum(-1))
             del weighted
     return TokenLogprobs(torch.cat(picked), torch.cat(entropies))
+
+
+def head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, tokens: torch.Tensor,
+                  temperature: float = 1.0) -> TokenLogprobs:
+    """`logprobs_and_entropy` of the logits `head(hidden)`, without ever holding those logits whole.
+
+    hidden: (B, T, H) final hidden states at the positions that predict `tokens` (B, T); head: the model's output
+    layer. The (B, T, V) logits are made a chunk of rows at a time into one work buffer, reduced to each row's
+    logprob, logsumexp and entropy, and dropped; the backward makes each chunk's logits again (one more product
+    with the output layer) and turns them in place into the chunk's gradient. So neither pass allocates
+    anything of (B, T, V) size: with a large vocabulary those tensors are most of the memory an update pass
+    touches, and each fresh one costs a page fault per 4 KiB on first use (`bench/head_logprobs.py` measures it).
+    The values are those of `logprobs_and_entropy` up to float rounding (the products have other shapes).
+    """
+    batch, width = tokens.shape
+    logprobs, entropy = _HeadLogprobs.apply(hidden.reshape(batch * width, -1), head.weight, head.bias,
+                                            tokens.reshape(-1), temperature)
+    return TokenLogprobs(logprobs.view(batch, width), entropy.view(batch, width))
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+                  buffer: torch.Tensor) -> torch.Tensor:
+    """float32 (rows, V) logits / temperature of `hidden`'s rows, written into `buffer` where the dtypes allow."""
+    rows = hidden.shape[0]
+    if hidden.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled(hidden.device.type):
+        logits = torch.mm(hidden, weight.t(), out=buffer[:rows])
+        if bias is not None:
+            logits.add_(bias)
+    else:  # bfloat16 weights or autocast: the product in their dtype, then float32
+        logits = buffer[:rows].copy_(torch.nn.functional.linear(hidden, weight, bias))
+    return logits if temperature == 1.0 else logits.div_(temperature)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """(N, H) hidden, output layer (V, H) weight and (V,) bias, (N,) tokens -> (N,) logprobs, (N,) entropy."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature):
+        rows_per_chunk = max(1, _CHUNK_ELEMENTS // weight.shape[0])
+        buffer = hidden.new_empty((min(rows_per_chunk, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
+        work = torch.empty_like(buffer)
+        logprobs, entropy, log_z = (hidden.new_empty(hidden.shape[0], dtype=torch.float32) for _ in range(3))
+        for start in range(0, hidden.shape[0], rows_per_chunk):
+            part = slice(start, start + rows_per_chunk)
+            logits = _chunk_logits(hidden[part], weight, bias, temperature, buffer)
+            exp = work[: logits.shape[0]]
+            # log sum exp(logits) = max + log sum exp(logits - max); an infinite max counts as 0 so that a row of
+            # -inf gives -inf (and +inf gives nan), as torch.logsumexp does
+            top = logits.amax(-1, keepdim=True)
+            top = torch.where(top.isinf(), torch.zeros_like(top), top)
+            total = torch.sub(logits, top, out=exp).exp_().sum(-1)
+            log_z[part] = chunk_log_z = total.log() + top.squeeze(-1)
+            logprobs[part] = logits.gather(-1, tokens[part].unsqueeze(-1)).squeeze(-1) - chunk_log_z
+            # entropy = log Z - sum p * logit, with p = exp(logit - max) / total
+            entropy[part] = chunk_log_z - exp.mul_(logits).sum(-1) / total
+        ctx.save_for_backward(hidden, weight, bias, tokens, log_z)
+        ctx.temperature, ctx.rows_per_chunk = temperature, rows_per_chunk
+        ctx.autocast = torch.is_autocast_enabled(hidden.device.type)
+        ctx.autocast_dtype = torch.get_autocast_dtype(hidden.device.type)
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        hidden, weight, bias, tokens, log_z = ctx.saved_tensors
+        wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if wants_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
+        rows = ctx.rows_per_chunk
+        buffer = hidden.new_empty((min(rows, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
+        # the forward's autocast state again (autograd may run the backward on a thread without it)
+        with torch.autocast(hidden.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast):
+            for start in range(0, hidden.shape[0], rows):
+                part = slice(start, start + rows)
+                grad_out = grad_logprobs[part].float().unsqueeze(-1)
+                # d logprob / d logit = onehot(token) - softmax, times the incoming gradient, in place
+                grad = _chunk_logits(hidden[part], weight, bias, ctx.temperature, buffer)
+                grad.sub_(log_z[part].unsqueeze(-1)).exp_().mul_(-grad_out)
+                grad.scatter_add_(-1, tokens[part].unsqueeze(-1), grad_out)
+                if ctx.temperature != 1.0:
+                    grad.div_(ctx.temperature)
+                if wants_bias:
+                    grad_bias += grad.sum(0)
+                grad = grad.to(weight.dtype)
+                if wants_hidden:
+                    grad_hidden[part] = grad @ weight
+                if wants_weight:
+                    grad_weight += (grad.t() @ hidden[part]).float()
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None)

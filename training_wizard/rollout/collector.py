@@ -46,6 +46,7 @@ class SamplingSettings:
     gather_weights_for_generation: bool = True  # ds3_gather_for_generation
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
+    head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class RolloutCollector:
         settings = self.settings
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
-            share_prompts=settings.share_prompts,
+            share_prompts=settings.share_prompts, from_hidden_states=settings.head_logprobs,
         )
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:

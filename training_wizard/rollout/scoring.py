@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from training_wizard.core.logprobs import selective_logprobs
+from training_wizard.core.logprobs import TokenLogprobs, head_logprobs, logprobs_and_entropy, selective_logprobs
 from training_wizard.rollout.generation import (
     distinct_rows, last_positions, plain_key_value_cache, position_ids_from_mask,
 )
@@ -28,6 +28,65 @@ def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) 
         logits_to_keep=last_positions(length - 1, width, ids.device),  # the T positions predicting the response
         use_cache=False,  # one pass, no decoding after it (and no warning under activation checkpointing)
     ).logits
+
+
+# Model types whose causal-LM forward is the output layer alone on the final hidden states (no soft-capping or
+# scaling of the logits after it), so `head_logprobs` may take that layer's place.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def plain_output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """`model`'s output layer (through a data-parallel wrapper) when its logits are that layer's output alone and
+    it is a plain `torch.nn.Linear` (not an adapter layer); else None."""
+    inner = getattr(model, "module", model)
+    if getattr(getattr(inner, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    head = inner.get_output_embeddings()
+    return head if type(head) is torch.nn.Linear else None
+
+
+def _hidden_states(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden
+
+
+@contextlib.contextmanager
+def _output_layer_skipped(head: torch.nn.Linear | None):
+    """Within the context the model's `.logits` are the final hidden states of the same positions (the output
+    layer's forward is shadowed by the identity; its parameters are untouched)."""
+    if head is None:
+        yield
+        return
+    head.forward = _hidden_states
+    try:
+        yield
+    finally:
+        del head.forward  # the class's forward again
+
+
+def response_token_logprobs(
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, temperature: float, *, share_prompts: bool,
+    from_hidden_states: bool, prompt_model: torch.nn.Module | None = None,
+) -> TokenLogprobs:
+    """Logprobs and entropy of each response token under `model`: `shared_prompt_logits` (with `share_prompts`)
+    or `response_logits`, then `logprobs_and_entropy`. With `from_hidden_states`, and a model whose output layer
+    is plain (`plain_output_head`), the forward pass stops at the final hidden states and `head_logprobs` applies
+    the output layer a chunk at a time, so no (B, T, V) logits are ever held. Callers pass False for both flags
+    where the model is sharded or compiled (trainers/setup.py): a sharded output layer holds its weight only
+    inside the model's forward, and the number of passes must not depend on the data.
+    """
+    head = plain_output_head(model) if from_hidden_states else None
+    out = _final_output(model, prompt_ids, prompt_mask, responses, share_prompts, head, prompt_model)
+    if head is None:
+        return logprobs_and_entropy(out, responses, temperature)
+    return head_logprobs(out, head, responses, temperature)
+
+
+def _final_output(model, prompt_ids, prompt_mask, responses, share_prompts: bool, head, prompt_model=None):
+    """The logits that predict the responses, or with `head` (the output layer) the final hidden states there."""
+    with _output_layer_skipped(head):
+        if share_prompts:
+            return shared_prompt_logits(model, prompt_ids, prompt_mask, responses, prompt_model=prompt_model)
+        return response_logits(model, prompt_ids, prompt_mask, responses)
 
 
 def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[int, int]:
@@ -130,7 +189,7 @@ def _checkpointed_layers_keep_cache(model: torch.nn.Module):
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int,
-    share_prompts: bool = True,
+    share_prompts: bool = True, from_hidden_states: bool = True,
 ) -> torch.Tensor:
     """Per-token logprobs of the responses under `model`, `batch_size` rows at a time, each chunk cut to its
     content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk.
@@ -138,19 +197,22 @@ def batched_logprobs(
     With `share_prompts` the rows of one prompt go into the same chunk and share one pass over their prompt
     (`shared_prompt_logits`): with k samples per prompt the prompt tokens cost 1/k of a pass. Callers whose
     model is sharded pass False: there every forward pass is a collective, and the number of passes would then
-    depend on the data each process holds.
+    depend on the data each process holds. `from_hidden_states`: see `response_token_logprobs`.
     """
     out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
-    logits_of = shared_prompt_logits if share_prompts else response_logits
+    head = plain_output_head(model) if from_hidden_states else None
     # rows grouped by prompt (stable: without repeats, or without sharing, the order stays as it is)
     order = torch.argsort(distinct_rows(prompt_ids, prompt_mask)[1], stable=True) if share_prompts else None
     for start in range(0, responses.shape[0], batch_size):
         part = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
         first, end = content_columns(prompt_mask[part], response_mask[part])
         ids, kept = responses[part, :end], slice(first, None)
-        logits = logits_of(model, prompt_ids[part, kept], prompt_mask[part, kept], ids)
-        out[part, :end] = selective_logprobs(logits, ids, temperature)
-        del logits
+        output = _final_output(model, prompt_ids[part, kept], prompt_mask[part, kept], ids, share_prompts, head)
+        if head is None:
+            out[part, :end] = selective_logprobs(output, ids, temperature)
+        else:  # final hidden states
+            out[part, :end] = head_logprobs(output, head, ids, temperature).logprobs
+        del output
     return out
 
 

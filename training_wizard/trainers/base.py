@@ -29,12 +29,12 @@ from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
-from training_wizard.core.logprobs import TokenLogprobs, logprobs_and_entropy
+from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_logits, shared_prompt_logits
+from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import unwrap_model
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.specs.reward import RewardSpec
@@ -145,7 +145,7 @@ class OnPolicyTrainer(UpdateLoop):
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
             logprobs_from_sampling=config.logprobs_from_sampling,
-            share_prompts=self.shared_prompt_passes,
+            share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
         )
 
     def _stop_token_id(self) -> int | None:
@@ -168,7 +168,9 @@ class OnPolicyTrainer(UpdateLoop):
         self.uses_adapter_as_reference = models.uses_adapter_as_reference
         self.deepspeed_guard = models.deepspeed_guard
         self.shared_prompt_passes = models.shared_prompt_passes
+        self.rollout_head_logprobs = models.rollout_head_logprobs
         self.share_prompts_in_update = models.update_shares_prompts
+        self.head_logprobs_in_update = models.update_head_logprobs
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
@@ -199,13 +201,10 @@ class OnPolicyTrainer(UpdateLoop):
     def policy_logprobs(self, rows: dict[str, torch.Tensor]) -> tuple[TokenLogprobs, torch.Tensor]:
         """The policy's logprobs (with gradient) and entropy on `rows`, and the ratio's old side: the rollout's
         logprobs, or with a single update pass the update's own, detached (the ratio is then exactly 1)."""
-        model = self.update_forward["model"]
-        if self.share_prompts_in_update:
-            logits = shared_prompt_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
-                                          prompt_model=self.unwrapped_policy)
-        else:
-            logits = response_logits(model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        token = logprobs_and_entropy(logits, rows["responses"], self.config.temperature)
+        token = response_token_logprobs(
+            self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
+            self.config.temperature, share_prompts=self.share_prompts_in_update,
+            from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
         old = token.logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
         return token, old
 

@@ -33,7 +33,10 @@ class PreparedModels:
     shared_prompt_passes: whether the k samples of a prompt share one pass over it in the rollout's logprob passes
     (rollout/scoring.py); not under DeepSpeed or FSDP, where every forward pass is a collective that must run
     alike on every process, and the number of passes would depend on each process's data. update_shares_prompts:
-    the same for the update's forward, which also keeps the per-row pass under torch_compile (it traces that one)."""
+    the same for the update's forward, which also keeps the per-row pass under torch_compile (it traces that one).
+    rollout_head_logprobs and update_head_logprobs: whether those passes take logprobs from the final hidden states
+    with the output layer applied a chunk at a time (`scoring.response_token_logprobs`), under the same
+    conditions: a sharded output layer holds its weight only inside the model's forward."""
 
     trained: dict[str, torch.nn.Module]
     update_forward: dict[str, torch.nn.Module]
@@ -45,6 +48,8 @@ class PreparedModels:
     deepspeed_guard: DeepSpeedStepGuard | None
     shared_prompt_passes: bool
     update_shares_prompts: bool
+    rollout_head_logprobs: bool
+    update_head_logprobs: bool
 
 
 def prepare_models(
@@ -108,6 +113,8 @@ def prepare_models(
         deepspeed_guard=guard,
         shared_prompt_passes=not engine_kind(accelerator),
         update_shares_prompts=not (engine_kind(accelerator) or config.torch_compile),
+        rollout_head_logprobs=not engine_kind(accelerator),
+        update_head_logprobs=not (engine_kind(accelerator) or config.torch_compile),
     )
 
 
