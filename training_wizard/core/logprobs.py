@@ -76,7 +76,7 @@ def head_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, tokens: torch.Ten
     logprob, logsumexp and entropy, and dropped; the backward makes each chunk's logits again (one more product
     with the output layer) and turns them in place into the chunk's gradient. So neither pass allocates
     anything of (B, T, V) size: with a large vocabulary those tensors are most of the memory an update pass
-    touches, and each fresh one costs a page fault per 4 KiB on first use (`bench/head_logprobs.py` measures it).
+    touches, and each fresh one costs a page fault per 4 KiB on first use (`bench/revisions.py` measures it).
     The values are those of `logprobs_and_entropy` up to float rounding (the products have other shapes).
     """
     batch, width = tokens.shape

@@ -1,8 +1,8 @@
-"""Logprobs from the final hidden states against logprobs from whole logits, side by side: the same RLOO run with
-an earlier revision of training-wizard and with this one, alternating in fresh processes.
+"""An earlier revision of training-wizard against this one, side by side: the same RLOO run at `bench_rloo.py`'s
+settings with each, alternating in fresh processes.
 
     git worktree add --detach ../before REVISION
-    OMP_NUM_THREADS=2 .venv/bin/python bench/head_logprobs.py --before ../before [--rounds 2]
+    OMP_NUM_THREADS=2 .venv/bin/python bench/revisions.py --before ../before [--rounds 2]
         [--configs 25m:64,smollm2-lora:32]
 
 Each run is `bench/bench_rloo.py`'s worker for our trainer at that bench's settings (16 prompts x 4 completions,
