@@ -502,6 +502,10 @@ def test_only_plain_output_layers_are_applied_outside_the_forward(tokenizer):
     capped = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                             num_attention_heads=2, num_key_value_heads=1, head_dim=8))
     assert plain_output_head(capped) is None
+    hooked = build_causal_lm(tokenizer)
+    head = hooked.get_output_embeddings()
+    head.forward = lambda hidden: torch.nn.functional.linear(hidden, head.weight)  # as offloading hooks do
+    assert plain_output_head(hooked) is None
 
 
 @pytest.mark.parametrize("lora", [False, True])

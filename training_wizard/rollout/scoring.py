@@ -37,12 +37,15 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 def plain_output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """`model`'s output layer (through a data-parallel wrapper) when its logits are that layer's output alone and
-    it is a plain `torch.nn.Linear` (not an adapter layer); else None."""
+    it is a plain `torch.nn.Linear` running its own forward (not an adapter layer, no hook in its place); else
+    None."""
     inner = getattr(model, "module", model)
     if getattr(getattr(inner, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
         return None
     head = inner.get_output_embeddings()
-    return head if type(head) is torch.nn.Linear else None
+    if type(head) is not torch.nn.Linear or "forward" in vars(head):
+        return None  # an adapter layer, or a forward already replaced (accelerate's offloading hooks do that)
+    return head
 
 
 def _hidden_states(hidden: torch.Tensor) -> torch.Tensor:
