@@ -17,6 +17,7 @@ from training_wizard import guards
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.masking import masked_mean
 from training_wizard.memory import release_free_host_memory
+from training_wizard.sharding import engine_kind
 from training_wizard.rollout.record import Rollout
 from training_wizard.signals import fault_point
 
@@ -90,8 +91,10 @@ class UpdateLoop:
             self.collectives.any_true(*flags.tolist())
         ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
             loss = self.deepspeed_guard.poison(loss)
-        if self.accelerator.device.type == "cpu":
-            release_free_host_memory()  # the backward is the iteration's peak: start it from the live memory only
+        if self.accelerator.device.type == "cpu" and engine_kind(self.accelerator) is None:
+            # The backward is the iteration's peak: start it from the live memory only. Not under DeepSpeed or
+            # FSDP, whose own buffers and asynchronous gathers it was never measured with.
+            release_free_host_memory()
         self.accelerator.backward(loss)
         for name, value in out.stats.items():
             stats[name].append(value)
