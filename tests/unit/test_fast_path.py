@@ -485,12 +485,62 @@ def test_logprobs_from_hidden_states_equal_those_from_the_logits(monkeypatch, te
         assert (got.float() - expected.float()).abs().max() <= tolerance * max(1.0, expected.float().abs().max())
 
 
-def test_logprobs_from_hidden_states_flag_non_finite_values():
+@pytest.mark.parametrize("bad", ["nan hidden state", "row of -inf logits", "one +inf logit"])
+def test_logprobs_from_hidden_states_flag_non_finite_values(bad):
+    """The entropy from hidden states is non-finite exactly where the whole logits' entropy is."""
+    torch.manual_seed(0)
     head = torch.nn.Linear(8, 50)
     hidden = torch.randn(2, 3, 8)
-    hidden[1, 2, 0] = float("nan")
-    token = head_logprobs(hidden, head, torch.zeros(2, 3, dtype=torch.long))
-    assert not torch.isfinite(token.entropy[1, 2]) and torch.isfinite(token.entropy[0]).all()
+    with torch.no_grad():
+        if bad == "nan hidden state":
+            hidden[1, 2, 0] = float("nan")
+        elif bad == "row of -inf logits":
+            head.weight[:, 0] = 1.0
+            hidden[1, 2, 0] = -float("inf")
+        else:
+            head.bias[4] = float("inf")
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    flagged = ~torch.isfinite(head_logprobs(hidden, head, tokens).entropy)
+    with torch.no_grad():
+        assert torch.equal(flagged, ~torch.isfinite(logprobs_and_entropy(head(hidden), tokens).entropy))
+    assert flagged.all() if bad == "one +inf logit" else flagged.sum() == 1 and flagged[1, 2]
+
+
+@pytest.fixture
+def bf16_autocast_accelerator():
+    """An Accelerator with accelerate's bf16 mixed precision on CPU (autocast inside the prepared model's forward,
+    float32 outputs); the process-wide accelerate state is reset around it."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    yield Accelerator(mixed_precision="bf16", cpu=True)
+    AcceleratorState._reset_state()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_from_hidden_states_under_mixed_precision_equal_the_logits_path(tokenizer, dtype,
+                                                                                 bf16_autocast_accelerator):
+    """Under accelerate's bf16 autocast the output layer is applied under the same autocast as the model's own
+    forward would apply it: the same logprobs, entropy and gradients, with float32 or bf16 weights."""
+    from training_wizard.rollout.scoring import response_token_logprobs
+
+    model = bf16_autocast_accelerator.prepare(build_causal_lm(tokenizer, seed=2).to(dtype))
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(5, 60, (4, 5), generator=generator)
+    responses = torch.randint(5, 60, (4, 6), generator=generator)
+    weights = torch.randn(4, 6, generator=generator)
+    results = []
+    for from_hidden_states in (False, True):
+        model.zero_grad(set_to_none=True)
+        token = response_token_logprobs(model, prompts, torch.ones_like(prompts, dtype=torch.bool), responses, 0.7,
+                                        share_prompts=False, from_hidden_states=from_hidden_states)
+        (token.logprobs * weights).sum().backward()
+        head = model.get_output_embeddings()
+        results.append([token.logprobs, token.entropy, head.weight.grad, model.model.embed_tokens.weight.grad])
+    for expected, got in zip(*results, strict=True):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
 
 
 def test_only_plain_output_layers_are_applied_outside_the_forward(tokenizer):
@@ -506,6 +556,30 @@ def test_only_plain_output_layers_are_applied_outside_the_forward(tokenizer):
     head = hooked.get_output_embeddings()
     head.forward = lambda hidden: torch.nn.functional.linear(hidden, head.weight)  # as offloading hooks do
     assert plain_output_head(hooked) is None
+    # a hook on the output layer would see hidden states in place of logits
+    observed = build_causal_lm(tokenizer)
+    hook = observed.get_output_embeddings().register_forward_hook(lambda module, args, out: None)
+    assert plain_output_head(observed) is None
+    hook.remove()
+    assert plain_output_head(observed) is not None
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        assert plain_output_head(observed) is None
+    finally:
+        hook.remove()
+
+
+def test_the_output_layer_is_skipped_once_at_a_time(tokenizer):
+    from training_wizard.rollout.scoring import _output_layer_skipped
+
+    model = build_causal_lm(tokenizer)
+    head = plain_output_head(model)
+    with _output_layer_skipped(head):
+        with pytest.raises(RuntimeError, match="already replaced"):
+            with _output_layer_skipped(head):
+                pass
+        assert "forward" in vars(head)  # the failed nested skip left the outer one in place
+    assert "forward" not in vars(head)
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -532,9 +606,17 @@ def test_logprobs_from_hidden_states_train_as_the_logits_path_and_never_hold_who
         vocabulary = len(tokenizer)
         widths = []
         head = trainer.unwrapped_policy.get_output_embeddings()
-        hook = head.register_forward_hook(lambda module, args, out: widths.append(tuple(out.shape)))
-        trainer.train()
-        hook.remove()
+        linear_forward = torch.nn.Linear.forward
+
+        def recording_forward(layer, hidden):  # not a hook: a hooked output layer keeps its whole logits
+            out = linear_forward(layer, hidden)
+            if layer is head:
+                widths.append(tuple(out.shape))
+            return out
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.nn.Linear, "forward", recording_forward)
+            trainer.train()
         whole = [shape for shape in widths if shape[-1] == vocabulary and shape[1] > 1]
         assert bool(whole) is not from_hidden_states, whole
         runs[from_hidden_states] = (read_metrics(tmp_path / str(from_hidden_states)),
@@ -547,10 +629,12 @@ def test_logprobs_from_hidden_states_train_as_the_logits_path_and_never_hold_who
     assert max(float((plain_weights[n] - hidden_weights[n]).abs().max()) for n in plain_weights) < 1e-5
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_free_host_memory_goes_back_to_the_system():
     """Small blocks freed below a live one stay resident in glibc's heap until they are released."""
-    from training_wizard.memory import release_free_host_memory
+    from training_wizard.memory import _malloc_trim, release_free_host_memory
+
+    if not sys.platform.startswith("linux") or _malloc_trim() is None:
+        pytest.skip("glibc's malloc_trim")
 
     def resident_mb():
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

@@ -136,6 +136,7 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
         rows = ctx.rows_per_chunk
         buffer = hidden.new_empty((min(rows, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
+        in_place = hidden.dtype == weight.dtype == torch.float32 and not ctx.autocast
         # the forward's autocast state again (autograd may run the backward on a thread without it)
         with torch.autocast(hidden.device.type, dtype=ctx.autocast_dtype, enabled=ctx.autocast):
             for start in range(0, hidden.shape[0], rows):
@@ -150,9 +151,15 @@ class _HeadLogprobs(torch.autograd.Function):
                 if wants_bias:
                     grad_bias += grad.sum(0)
                 grad = grad.to(weight.dtype)
+                if in_place:  # float32 throughout: the products go straight into the gradients
+                    if wants_hidden:
+                        torch.mm(grad, weight, out=grad_hidden[part])
+                    if wants_weight:
+                        grad_weight.addmm_(grad.t(), hidden[part])
+                    continue
                 if wants_hidden:
                     grad_hidden[part] = grad @ weight
-                if wants_weight:
+                if wants_weight:  # a (V, H) product in the weight's dtype, summed in float32
                     grad_weight += (grad.t() @ hidden[part]).float()
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype), None, None)

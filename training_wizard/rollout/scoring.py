@@ -37,31 +37,62 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 def plain_output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """`model`'s output layer (through a data-parallel wrapper) when its logits are that layer's output alone and
-    it is a plain `torch.nn.Linear` running its own forward (not an adapter layer, no hook in its place); else
-    None."""
+    it is a plain `torch.nn.Linear` running its own forward (not an adapter layer, no hook in its place or on it);
+    else None."""
     inner = getattr(model, "module", model)
     if getattr(getattr(inner, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
         return None
     head = inner.get_output_embeddings()
-    if type(head) is not torch.nn.Linear or "forward" in vars(head):
-        return None  # an adapter layer, or a forward already replaced (accelerate's offloading hooks do that)
-    return head
+    if type(head) is not torch.nn.Linear or "forward" in vars(head) or _has_hooks(head):
+        return None  # an adapter layer, a forward already replaced (accelerate's offloading hooks do that), or hooks
+    return head                   # that would see the hidden states in place of the logits
 
 
-def _hidden_states(hidden: torch.Tensor) -> torch.Tensor:
-    return hidden
+def _has_hooks(module: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as module_globals
+
+    own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)
+    shared = (module_globals._global_forward_hooks, module_globals._global_forward_pre_hooks,
+              module_globals._global_backward_hooks, module_globals._global_backward_pre_hooks)
+    return any(map(len, own + shared))
+
+
+class _SkippedOutputLayer:
+    """The identity in the output layer's place, noting the autocast state the model's forward ran it under.
+
+    accelerate's mixed precision autocasts inside the prepared model's forward only, and hands its outputs back
+    in float32; `head_logprobs` must then apply the output layer under that same autocast (products in bf16, as
+    the layer's own forward would have made them)."""
+
+    def __init__(self):
+        self.autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when autocast was on
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        kind = hidden.device.type
+        self.autocast = (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
+        return hidden
+
+    def same_precision(self):
+        """A context with the autocast state the skipped layer would have run under."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        kind, dtype = self.autocast
+        return torch.autocast(kind, dtype=dtype)
 
 
 @contextlib.contextmanager
 def _output_layer_skipped(head: torch.nn.Linear | None):
     """Within the context the model's `.logits` are the final hidden states of the same positions (the output
-    layer's forward is shadowed by the identity; its parameters are untouched)."""
+    layer's forward is shadowed by the identity; its parameters are untouched). Yields the `_SkippedOutputLayer`
+    (None without a head)."""
     if head is None:
-        yield
+        yield None
         return
-    head.forward = _hidden_states
+    if "forward" in vars(head):  # nested, or replaced since `plain_output_head` looked: the restore would undo it
+        raise RuntimeError("the output layer's forward is already replaced; its logits cannot be skipped")
+    head.forward = skipped = _SkippedOutputLayer()
     try:
-        yield
+        yield skipped
     finally:
         del head.forward  # the class's forward again
 
@@ -78,18 +109,22 @@ def response_token_logprobs(
     inside the model's forward, and the number of passes must not depend on the data.
     """
     head = plain_output_head(model) if from_hidden_states else None
-    out = _final_output(model, prompt_ids, prompt_mask, responses, share_prompts, head, prompt_model)
+    out, skipped = _final_output(model, prompt_ids, prompt_mask, responses, share_prompts, head, prompt_model)
     if head is None:
         return logprobs_and_entropy(out, responses, temperature)
-    return head_logprobs(out, head, responses, temperature)
+    with skipped.same_precision():
+        return head_logprobs(out, head, responses, temperature)
 
 
 def _final_output(model, prompt_ids, prompt_mask, responses, share_prompts: bool, head, prompt_model=None):
-    """The logits that predict the responses, or with `head` (the output layer) the final hidden states there."""
-    with _output_layer_skipped(head):
+    """(the logits that predict the responses, None), or with `head` (the output layer) (the final hidden states
+    there, the `_SkippedOutputLayer` that stood in for it)."""
+    with _output_layer_skipped(head) as skipped:
         if share_prompts:
-            return shared_prompt_logits(model, prompt_ids, prompt_mask, responses, prompt_model=prompt_model)
-        return response_logits(model, prompt_ids, prompt_mask, responses)
+            output = shared_prompt_logits(model, prompt_ids, prompt_mask, responses, prompt_model=prompt_model)
+        else:
+            output = response_logits(model, prompt_ids, prompt_mask, responses)
+    return output, skipped
 
 
 def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[int, int]:
@@ -210,11 +245,13 @@ def batched_logprobs(
         part = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
         first, end = content_columns(prompt_mask[part], response_mask[part])
         ids, kept = responses[part, :end], slice(first, None)
-        output = _final_output(model, prompt_ids[part, kept], prompt_mask[part, kept], ids, share_prompts, head)
+        output, skipped = _final_output(model, prompt_ids[part, kept], prompt_mask[part, kept], ids, share_prompts,
+                                        head)
         if head is None:
             out[part, :end] = selective_logprobs(output, ids, temperature)
         else:  # final hidden states
-            out[part, :end] = head_logprobs(output, head, ids, temperature).logprobs
+            with skipped.same_precision():
+                out[part, :end] = head_logprobs(output, head, ids, temperature).logprobs
         del output
     return out
 
