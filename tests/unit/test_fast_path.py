@@ -661,3 +661,22 @@ def test_the_update_releases_free_memory_before_each_backward(tokenizer, tmp_pat
     trainer.train()
     assert events == ["release", "backward"] * trainer.state.iteration * 2 * 2  # x 2 epochs x 2 mini-batches
     assert trainer.state.iteration >= 1
+
+
+def test_under_mixed_precision_policy_and_reference_agree_before_the_first_update(tokenizer, tmp_path,
+                                                                                  bf16_autocast_accelerator):
+    """accelerate autocasts the prepared policy's forward only; the reference copy must run under the same
+    autocast, or the first iteration shows a KL between two equal models (bf16 products against float32)."""
+    trainer = RLOOTrainer(config=RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, rloo_k=4,
+                                            total_episodes=8, response_length=6, num_sample_generations=0, seed=4),
+                          tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=2), reward_model=x_share,
+                          train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)],
+                          accelerator=bf16_autocast_accelerator)
+    rollout = trainer.collect_rollout()
+    assert rollout.response_mask.any()
+    assert torch.equal(rollout.logprobs, rollout.ref_logprobs)
+    # and both are the autocast's: float32 products give other logprobs
+    with torch.no_grad():
+        plain = batched_logprobs(trainer.ref_policy, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                                 rollout.response_mask, trainer.config.temperature, 64)
+    assert (plain - rollout.ref_logprobs)[rollout.response_mask].abs().max() > 1e-4

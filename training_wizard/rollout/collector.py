@@ -123,7 +123,9 @@ class RolloutCollector:
         prompt_ids, prompt_mask = (t.to(self.accelerator.device) for t in prompts.left_pad(rows, pad))
         engine = rollout_model(self.accelerator, self.policy, settings.gather_weights_for_generation)
         engine.model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
-        with engine.context:
+        # accelerate's mixed precision autocasts the prepared policy's forward only; the reference and a reward
+        # model run under the same autocast, so that policy and reference agree exactly while they are equal
+        with engine.context, self.accelerator.autocast():
             responses, mask, has_stop, sampled_logprobs = self._sample(engine, prompt_ids, prompt_mask, seeds)
             generated = time.perf_counter()
             if settings.logprobs_from_sampling:
@@ -192,10 +194,11 @@ class RolloutCollector:
         )
         components: dict[str, list[float]] = {}
         if isinstance(self.reward, torch.nn.Module):
-            scores = classifier_scores(
-                self.reward, prompt_ids, prompt_mask, responses, mask, self.settings.pad_token_id,
-                self.settings.forward_batch_size,
-            )
+            with self.accelerator.autocast():
+                scores = classifier_scores(
+                    self.reward, prompt_ids, prompt_mask, responses, mask, self.settings.pad_token_id,
+                    self.settings.forward_batch_size,
+                )
         else:
             columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
             columns["completion_has_eos"] = has_stop.tolist()
