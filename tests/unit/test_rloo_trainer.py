@@ -208,3 +208,13 @@ def with_logprobs(tokens: torch.Tensor):
     from training_wizard.rollout.generation import Generated
 
     return Generated(tokens, torch.zeros(tokens.shape))
+
+
+def test_progress_counts_the_episodes_whole_iterations_make(tokenizer, tmp_path, capsys):
+    """total_episodes 12 at 8 per iteration runs 2 iterations, 16 episodes: the progress line says 16/16 (it said
+    16/12 with a negative ETA)."""
+    trainer = make_trainer(tokenizer, tmp_path, total_episodes=12)
+    trainer.train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("episode ")]
+    assert [line.split()[1] for line in lines] == ["8/16", "16/16"]
+    assert "ETA 0s" in lines[-1]

@@ -213,7 +213,9 @@ class OnPolicyTrainer(UpdateLoop):
         """Run the remaining iterations. On SIGTERM/SIGINT: checkpoint at the next safe point, then raise
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
         plan = self.plan
-        progress = ProgressDisplay(plan.total_episodes, enabled=self.is_main, start_episode=self.state.episode)
+        # the episodes the run will make: whole iterations, so total_episodes rounded up to a batch
+        progress = ProgressDisplay(plan.num_iterations * plan.batch_size, enabled=self.is_main,
+                                   start_episode=self.state.episode)
         self._clock_started, self._clock_episode = time.perf_counter(), self.state.episode
         try:
             with StopRequest() as stop:
