@@ -1,6 +1,6 @@
 """The one exception type for mistakes a user can make (recipe, data, reward), as opposed to bugs.
 
-The CLI prints a `UserError` as one line on stderr and exits with code 2 (DESIGN section 6.5); everything else
+The CLI prints a `UserError` as one line on stderr and exits with code 2; everything else
 is a bug and keeps its traceback.
 """
 

@@ -1,4 +1,4 @@
-"""Every recipe mistake ends in one stderr line naming the key, exit code 2, and no traceback (issue 2)."""
+"""Every recipe mistake ends in one stderr line naming the key, exit code 2, and no traceback."""
 
 import json
 import subprocess

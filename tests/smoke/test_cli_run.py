@@ -1,4 +1,4 @@
-"""A whole run through the CLI on a tiny local model with a function reward (issue 3 acceptance)."""
+"""A whole run through the CLI on a tiny local model with a function reward."""
 
 import json
 
@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from training_wizard.cli import main
 
-SEED_METRICS = {
+TRL_METRIC_NAMES = {
     "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
     "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "val/clipfrac_avg",
     "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "episode",
@@ -74,7 +74,7 @@ def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_m
     train = [r for r in records if "objective/scores" in r]
     evals = [r for r in records if "eval/scores" in r]
     assert len(train) == 4 and len(evals) == 2
-    assert SEED_METRICS | {"rewards/length", "rewards/vowels"} <= set(train[0])
+    assert TRL_METRIC_NAMES | {"rewards/length", "rewards/vowels"} <= set(train[0])
     assert [r["episode"] for r in train] == [4, 8, 12, 16]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * (4 + 4) and {"query", "response", "score", "rewards/vowels"} <= set(samples[0])

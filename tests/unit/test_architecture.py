@@ -1,4 +1,5 @@
-"""Structural rules of the package that review relies on (DESIGN section 2)."""
+"""Structural rules of the package that review relies on: collectives in one module, core/ on torch alone,
+checkpoints through the trainer's public attributes."""
 
 import re
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""core/: the seeds' worked examples and the identities of DESIGN 6.1."""
+"""core/: worked examples with hand-computed values, and the identities the losses rely on."""
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,7 @@ def test_equal_rewards_give_zero_advantages_and_no_nan():
     assert torch.equal(normalize_and_clip(rewards, 10.0), torch.zeros(8))
 
 
-def test_reinforce_equals_ppo_gradient_seed_example():
+def test_reinforce_equals_ppo_gradient_worked_example():
     # the RLOO blog post: with pi == pi_old the clipped PPO loss has REINFORCE's gradient.
     action, advantage = torch.tensor([1]), torch.tensor([1.0])
     logits = torch.tensor([[1.0, 2.0, 1.0, 1.0]], requires_grad=True)

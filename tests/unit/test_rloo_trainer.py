@@ -12,7 +12,7 @@ from training_wizard.rollout.generation import GenerationParams, generate
 from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer
 from training_wizard.tracking.metrics import read_metrics
 
-SEED_METRICS = [
+TRL_METRIC_NAMES = [
     "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
     "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "val/clipfrac_avg",
     "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "episode",
@@ -74,7 +74,7 @@ def test_first_iteration_ratio_is_one_clipfrac_zero_kl_zero(tokenizer, tmp_path)
     assert first["policy/clipfrac_avg"] == 0.0
     assert first["objective/kl"] == 0.0 and first["objective/non_score_reward"] == 0.0
     assert first["lr"] == 1e-3  # the rate the first update used, not the next one (linear decay, no warmup)
-    assert set(SEED_METRICS) <= set(first)
+    assert set(TRL_METRIC_NAMES) <= set(first)
 
 
 def test_equal_rewards_leave_weights_unchanged_and_finite(tokenizer, tmp_path):

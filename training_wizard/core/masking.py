@@ -1,4 +1,4 @@
-"""Response masks. One polarity everywhere: True marks a real response token (DESIGN 6.4)."""
+"""Response masks. One polarity everywhere: True marks a real response token."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rollout collector: steps 2-5 of an iteration (DESIGN section 1) for a batch of prompt rows.
+"""The rollout collector: steps 2-5 of an iteration (numbered in `trainers/base.py`) for a batch of prompt rows.
 
   2. sample completions with the policy                      rollout/generation.py
   3. truncate at the stop token and mask what follows         core/masking.py

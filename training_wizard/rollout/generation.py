@@ -3,7 +3,7 @@
 Each row has a key from (run seed, iteration, prompt slot, sample index), given by the caller, and each token is
 drawn with `rollout.sampling.sample_with_logprobs` from a uniform that depends only on (key, token step), computed
 on the model's device. A prompt therefore gets the same completions whichever process samples it and whatever
-else is in its batch (DESIGN 5b), which is what lets one process and two processes end with the same weights.
+else is in its batch, which is what lets one process and two processes end with the same weights.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 4. otherwise a one-line `UserError` naming `model.pretrained_name` and what was expected.
 
 training-wizard never downloads weights: fetch a Hub model first (`hf download ORG/NAME`) or give a folder.
-Weights load from safetensors only (DESIGN section 6.9).
+Weights load from safetensors only (a pickled checkpoint could run code when loaded).
 """
 
 from __future__ import annotations

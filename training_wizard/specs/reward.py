@@ -1,6 +1,6 @@
 """Reward specs: turn (prompt, completion, row columns) into one float per completion.
 
-Interface (DESIGN section 3): `compute_reward(prompts, completions, **columns) -> list[float]`.
+Interface: `compute_reward(prompts, completions, **columns) -> list[float]`.
 The trainer calls `score(prompts, completions, columns, step)`, which also returns named components for logging
 (`rewards/<name>`) and refuses bad output (an exception, the wrong length, None, NaN, inf) with a one-line
 UserError naming the component, the step and the row. The trainer passes the dataset row's columns plus

@@ -1,6 +1,6 @@
 """The on-policy training loop shared by RLOO and PPO. Read `OnPolicyTrainer._iteration` first.
 
-One iteration (DESIGN section 1):
+One iteration:
   1. take this process's prompts of the shared order          `_next_prompts`
   2-5. sample, truncate, logprobs (policy, reference), score   `RolloutCollector.collect` (rollout/collector.py)
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
@@ -338,7 +338,7 @@ class OnPolicyTrainer(UpdateLoop):
             "objective/rlhf_reward": mean(shaped.rlhf_reward),
             "objective/scores": mean(rollout.scores),
             **update_stats,
-            # RLOO has no value model: 0 keeps the seed metric names identical for both trainers.
+            # RLOO has no value model: 0 keeps TRL's metric names identical for both trainers.
             "val/clipfrac_avg": update_stats.get("val/clipfrac_avg", 0.0),
             "val/num_eos_tokens": float(self.collectives.sum(rollout.has_stop.sum().float().to(device))),
             "completions/mean_length": mean(rollout.response_mask.sum(-1)),

@@ -3,7 +3,7 @@
 Names and defaults follow TRL's RLOO trainer docs (PPOv2 era); the newer TRL names are accepted as
 aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
 
-Batch glossary (DESIGN section 4), all counts of *completions* unless named otherwise:
+Batch glossary, all counts of *completions* unless named otherwise:
 
     local_batch_size   = per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches  (per process)
     batch_size         = local_batch_size * world_size                            (per iteration, all processes)
@@ -60,11 +60,12 @@ class OnPolicyConfig(Spec):
         validation_alias=_alias("num_ppo_epochs", "num_iterations"),
     )
     total_episodes: PositiveInt | None = Field(
-        None, description="Completions to train on in total. Default: num_train_epochs x dataset rows."
+        None, description="Completions to train on in total, rounded up to whole iterations (batch_size each). "
+        "Default: num_train_epochs x dataset rows."
     )
     num_train_epochs: PositiveFloat = Field(1.0, description="Used only when total_episodes is not set.")
     local_rollout_forward_batch_size: PositiveInt = Field(
-        64, description="Rows per no-grad forward pass (logprobs of policy and reference, reward model)."
+        64, description="Rows per sampling chunk and per no-grad forward pass (logprobs of policy and reference, reward model)."
     )
     # -- optimisation --------------------------------------------------------------------------------------------
     learning_rate: PositiveFloat = Field(3e-6, description="Peak AdamW learning rate.")
