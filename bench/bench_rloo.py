@@ -12,6 +12,8 @@ What it does:
   on every linear layer.
 - Creates a separate virtual environment with TRL (`--trl-venv`, default ~/.cache/training-wizard/bench-trl-venv)
   holding trl 1.16.0 and the same torch, transformers, accelerate, datasets and peft pins as requirements.txt.
+- Prints the CPU (model, and which of avx2, avx512f, avx512_bf16, amx_bf16 it has: machines of one kind differ)
+  and its measured matmul rate in the weights' dtype.
 - For each configuration (model:completion length) runs TRL, ours, TRL, ours, ... (`--pairs`), each a fresh
   process with its own peak memory, after waiting until the machine is quiet (other processes' CPU use below
   20% over one second; it prints any wait). Each run does `--warmup` untimed iterations, then `--iterations`
@@ -154,6 +156,25 @@ def matmul_rate(threads: int, dtype: str = "float32") -> float:
             a @ b
         rates.append(2 * 2048 * 512 * 1408 * repeats / (time.perf_counter() - started) / 1e9)
     return max(rates)
+
+
+def cpu_description() -> str:
+    """The CPU's model and the vector extensions that decide matmul speed: machines of one kind differ, and a CPU
+    without avx512_bf16 or AMX runs bfloat16 products far slower than float32 ones."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block is enough
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    name, family, number = (fields.get(key, "?") for key in ("model name", "cpu family", "model"))
+    model = f"{name} (family {family}, model {number})"
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return f"{model}: {', '.join(flag for flag in wanted if flag in flags) or 'none of ' + '/'.join(wanted)}"
 
 
 def wait_for_quiet(limit_s: float = 120, busy_below: float = 0.2) -> float:
@@ -407,7 +428,8 @@ def main() -> None:
     started = time.perf_counter()
     folders = build_models(args.cache)
     trl_python = ensure_trl_venv(args.trl_venv)
-    rate = matmul_rate(args.threads, args.dtype)
+    rate, cpu = matmul_rate(args.threads, args.dtype), cpu_description()
+    print(f"CPU: {cpu}", flush=True)
     print(f"{args.dtype} matmul rate, {args.threads} threads: {rate:.0f} GFLOP/s; ours with {args.ours_option}; "
           f"gradient checkpointing {args.gradient_checkpointing} on both sides", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -442,7 +464,8 @@ def main() -> None:
     report(results, rate, args.gradient_checkpointing == "on")
     print(f"\nbench time: {(time.perf_counter() - started) / 60:.1f} min")
     if args.json:
-        args.json.write_text(json.dumps({"matmul_gflops": rate, "threads": args.threads, "dtype": args.dtype,
+        args.json.write_text(json.dumps({"matmul_gflops": rate, "cpu": cpu, "threads": args.threads,
+                                         "dtype": args.dtype,
                                          "gradient_checkpointing": args.gradient_checkpointing,
                                          "results": results}, indent=1))
 
