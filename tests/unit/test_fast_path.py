@@ -138,6 +138,50 @@ def test_a_sliding_window_cache_grows_as_transformers_grows_it(tokenizer, monkey
     assert in_place == [False] and drawn.tokens.shape == (4, 6)
 
 
+def decode_batch_sizes(model) -> tuple[list[int], object]:
+    """The rows of each decode step's forward pass (those that carry a cache), and the hook to remove."""
+    sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[0])
+        if kwargs.get("past_key_values") is not None else None, with_kwargs=True)
+    return sizes, hook
+
+
+def likely_to_stop(model, stop_token_id: int):
+    """Raise the stop token's logit by 4, so that about one row in seven stops at each step."""
+    bonus = torch.zeros(model.config.vocab_size)
+    bonus[stop_token_id] = 4.0
+    return model.lm_head.register_forward_hook(lambda module, args, output: output + bonus)
+
+
+@pytest.mark.parametrize("make_model", ["plain", "sliding_window"])
+def test_rows_that_stopped_leave_the_decode_and_the_others_draw_what_they_drew_beside_them(tokenizer, monkeypatch,
+                                                                                          make_model):
+    from training_wizard.rollout import generation
+
+    model = build_causal_lm(tokenizer, seed=1).eval() if make_model == "plain" else sliding_window_model(tokenizer)
+    stop = tokenizer.eos_token_id
+    likely_to_stop(model, stop)
+    params = GenerationParams(max_new_tokens=12, temperature=1.0, stop_token_id=stop, pad_token_id=tokenizer.pad_token_id)
+    ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now", "Hello"] * 6)
+    sizes, hook = decode_batch_sizes(model)
+    dropping = sample(model, ids, mask, params, row_seeds=list(range(18)))
+    hook.remove()
+    monkeypatch.setattr(generation, "_FINISHED_SHARE_TO_DROP", 2.0)  # never: every row runs to the end
+    keeping = sample(model, ids, mask, params, row_seeds=list(range(18)))
+
+    assert sizes[-1] < 18 and sizes == sorted(sizes, reverse=True)  # rows left, none came back
+    assert sum(sizes) < 18 * len(sizes)
+    assert torch.equal(dropping.tokens, keeping.tokens)
+    stopped_at = (dropping.tokens == stop).int().argmax(1)
+    assert ((dropping.tokens == stop).any(1) & (stopped_at < dropping.tokens.shape[1] - 1)).sum() >= 5
+    after_stop = torch.arange(dropping.tokens.shape[1]) > stopped_at.unsqueeze(1)
+    after_stop &= (dropping.tokens == stop).any(1, keepdim=True)
+    assert (dropping.tokens[after_stop] == tokenizer.pad_token_id).all()
+    assert (dropping.logprobs[after_stop] == 0).all()
+    assert (dropping.logprobs[~after_stop] - keeping.logprobs[~after_stop]).abs().max() < 1e-5
+
+
 def lora_policy(tokenizer, **lora_options):
     """A tiny LoRA policy whose adapter already moved it (B is zero at initialisation)."""
     from peft import LoraConfig, get_peft_model

@@ -72,13 +72,17 @@ def sample(
     row_seeds: list[int],
     all_finished: Callable[[bool], bool] | None = None,
 ) -> Generated:
-    """Sample up to `max_new_tokens` per row; rows that emitted the stop token continue with pad.
+    """Sample up to `max_new_tokens` per row; rows that emitted the stop token continue with pad (logprob 0).
 
     prompt_ids, prompt_mask: (B, P), left-padded. T <= max_new_tokens (the loop ends early once every row has
     stopped). With sharded weights every forward pass is a collective, so processes must run the same number of
     steps: `all_finished(local_done)` then says whether every process is done. Rows holding the same prompt (the k
     samples of one prompt) share one prefill: it runs once per distinct prompt and its KV cache is repeated.
     The logprob of each sampled token comes from the logits that drew it, at no extra forward pass.
+
+    Rows that stopped leave the forward pass (`_FINISHED_SHARE_TO_DROP`): their cache rows, mask and positions are
+    dropped, so a completion that stopped early costs nothing more. Not with sharded weights (`all_finished`),
+    where every process must keep running the same passes, even with none of its rows left.
     """
     keys = torch.tensor([int(seed) for seed in row_seeds], dtype=torch.long, device=prompt_ids.device)
     batch = prompt_ids.shape[0]
@@ -95,16 +99,21 @@ def sample(
         past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    running = torch.arange(batch, device=prompt_ids.device)  # the batch rows still in the forward pass, in order
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     for step in range(params.max_new_tokens):
         if params.temperature == 0:  # greedy (evaluation); training always samples
-            token, logprob = greedy_with_logprobs(logits)
+            drawn, drawn_logprob = greedy_with_logprobs(logits)
         else:
-            token, logprob = sample_with_logprobs(logits, params.temperature, keys, step)
-        logprobs.append(logprob)
+            drawn, drawn_logprob = sample_with_logprobs(logits, params.temperature, keys[running], step)
+        token = torch.full((batch,), params.pad_token_id, dtype=drawn.dtype, device=drawn.device)
+        logprob = torch.zeros(batch, dtype=drawn_logprob.dtype, device=drawn_logprob.device)
+        token[running], logprob[running] = drawn, drawn_logprob
         token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
+        logprob = torch.where(finished, torch.zeros_like(logprob), logprob)
         tokens.append(token)
+        logprobs.append(logprob)
         if params.stop_token_id is not None:
             finished |= token == params.stop_token_id
         done = bool(finished.all())
@@ -112,9 +121,14 @@ def sample(
             done = all_finished(done)
         if done or step == params.max_new_tokens - 1:
             break
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
+        stopped = finished[running]
+        if all_finished is None and int(stopped.sum()) >= _FINISHED_SHARE_TO_DROP * running.shape[0]:
+            kept = (~stopped).nonzero().squeeze(1)
+            running, attention_mask, next_position = running[kept], attention_mask[kept], next_position[kept]
+            _keep_rows(past, kept, written_in_place)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(running.shape[0], 1)], dim=1)
         out = model(
-            input_ids=token.unsqueeze(1),
+            input_ids=token[running].unsqueeze(1),
             attention_mask=attention_mask,
             position_ids=next_position,
             past_key_values=past,
@@ -123,6 +137,28 @@ def sample(
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
+
+
+# Rows that stopped leave the decode's forward pass once they are this share of it: dropping them copies the
+# kept rows' cache (a fraction of one step's time), so it waits until enough rows have stopped to pay for it.
+_FINISHED_SHARE_TO_DROP = 1 / 8
+
+
+def _keep_rows(cache, kept: torch.Tensor, written_in_place: bool) -> None:
+    """Keep only rows `kept` of the decode cache, in that order."""
+    if not written_in_place:
+        cache.reorder_cache(kept)  # index_select on every layer's keys and values
+        return
+    for layer in cache.layers:
+        _, key_buffer, value_buffer = layer.update.args
+        filled = layer.keys.shape[-2]
+        buffers = []
+        for buffer in (key_buffer, value_buffer):
+            smaller = buffer.new_empty(kept.shape[0], *buffer.shape[1:])
+            smaller[:, :, :filled] = buffer[kept, :, :filled]
+            buffers.append(smaller)
+        layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
+        layer.update = functools.partial(_write_next, layer, *buffers)
 
 
 def plain_key_value_cache(cache) -> bool:
