@@ -94,7 +94,8 @@ def sample(
         use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
     )
     past, logits = out.past_key_values, out.logits[copies, -1, :]
-    written_in_place = _write_in_place(past, copies, prompt_ids.shape[1] + params.max_new_tokens)
+    capacity = prompt_ids.shape[1] + params.max_new_tokens
+    written_in_place = _write_in_place(past, copies, capacity)
     if not written_in_place and distinct.shape[0] < batch:
         past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
     next_position = positions[:, -1:] + 1
@@ -125,7 +126,7 @@ def sample(
         if all_finished is None and int(stopped.sum()) >= _FINISHED_SHARE_TO_DROP * running.shape[0]:
             kept = (~stopped).nonzero().squeeze(1)
             running, attention_mask, next_position = running[kept], attention_mask[kept], next_position[kept]
-            _keep_rows(past, kept, written_in_place)
+            _keep_rows(past, kept, capacity if written_in_place else None)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(running.shape[0], 1)], dim=1)
         out = model(
             input_ids=token[running].unsqueeze(1),
@@ -144,21 +145,14 @@ def sample(
 _FINISHED_SHARE_TO_DROP = 1 / 8
 
 
-def _keep_rows(cache, kept: torch.Tensor, written_in_place: bool) -> None:
-    """Keep only rows `kept` of the decode cache, in that order."""
-    if not written_in_place:
+def _keep_rows(cache, kept: torch.Tensor, capacity: int | None) -> None:
+    """Keep only rows `kept` of the decode cache, in that order; `capacity` is that of a cache written in place
+    (None for one that transformers grows)."""
+    if capacity is None:
         cache.reorder_cache(kept)  # index_select on every layer's keys and values
         return
     for layer in cache.layers:
-        _, key_buffer, value_buffer = layer.update.args
-        filled = layer.keys.shape[-2]
-        buffers = []
-        for buffer in (key_buffer, value_buffer):
-            smaller = buffer.new_empty(kept.shape[0], *buffer.shape[1:])
-            smaller[:, :, :filled] = buffer[kept, :, :filled]
-            buffers.append(smaller)
-        layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
-        layer.update = functools.partial(_write_next, layer, *buffers)
+        _buffer_rows(layer, kept, capacity)
 
 
 def plain_key_value_cache(cache) -> bool:
@@ -181,16 +175,22 @@ def _write_in_place(cache, copies: torch.Tensor, capacity: int) -> bool:
     if not plain_key_value_cache(cache) or not all(layer.is_initialized for layer in cache.layers):
         return False
     for layer in cache.layers:
-        filled = layer.keys.shape[-2]
-        buffers = []
-        for stored in (layer.keys, layer.values):
-            _, heads, _, width = stored.shape
-            buffer = stored.new_empty(copies.shape[0], heads, capacity, width)
-            buffer[:, :, :filled] = stored[copies]
-            buffers.append(buffer)
-        layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
-        layer.update = functools.partial(_write_next, layer, *buffers)
+        _buffer_rows(layer, copies, capacity)
     return True
+
+
+def _buffer_rows(layer, rows: torch.Tensor, capacity: int) -> None:
+    """Give `layer` new key and value buffers for `capacity` positions holding its filled positions of `rows`, in
+    that order, and make its later updates write into them."""
+    filled = layer.keys.shape[-2]
+    buffers = []
+    for stored in (layer.keys, layer.values):
+        _, heads, _, width = stored.shape
+        buffer = stored.new_empty(rows.shape[0], heads, capacity, width)
+        buffer[:, :, :filled] = stored[rows]
+        buffers.append(buffer)
+    layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
+    layer.update = functools.partial(_write_next, layer, *buffers)
 
 
 def _write_next(layer, key_buffer, value_buffer, key_states, value_states, *args, **kwargs):

@@ -65,7 +65,8 @@ class OnPolicyConfig(Spec):
     )
     num_train_epochs: PositiveFloat = Field(1.0, description="Used only when total_episodes is not set.")
     local_rollout_forward_batch_size: PositiveInt = Field(
-        64, description="Rows per sampling chunk and per no-grad forward pass (logprobs of policy and reference, reward model)."
+        64, description="Rows per sampling chunk and per no-grad forward pass (logprobs of policy and reference, "
+        "reward model)."
     )
     # -- optimisation --------------------------------------------------------------------------------------------
     learning_rate: PositiveFloat = Field(3e-6, description="Peak AdamW learning rate.")
