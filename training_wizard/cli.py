@@ -18,6 +18,8 @@ examples:
 
 Evaluate and look: `training-wizard eval EVAL.toml` (win rate of a model against another, docs/evaluation.md);
 `training-wizard plot RUN_DIR [RUN_DIR ...] [-o OUT.png]` (metrics against episodes, runs overlaid).
+`training-wizard vllm-serve --model NAME [--port 8000]` serves the policy with vLLM for vllm_mode = "server"
+(docs/vllm.md).
 A recipe written for training-wizard 1.0 runs as it is; `training-wizard migrate OLD.toml [-o NEW.toml]`
 converts it once to today's shape (docs/migrating.md).
 
@@ -52,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return migrate(argv[1:])
     if argv[:1] == ["plot"]:
         return plot(argv[1:])
+    if argv[:1] == ["vllm-serve"]:
+        from training_wizard.vllm_server import main as serve
+
+        return serve(argv[1:])
     if argv[:1] == ["eval"]:  # the evaluation recipe, whatever the file's recipe_class says
         argv = [*argv[1:], "recipe_class=evaluate"]
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after --dry-run

@@ -76,6 +76,12 @@ class Collectives:
             return tensor
         return self.accelerator.reduce(tensor.to(self.device), "mean")
 
+    def max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise maximum over processes (metrics such as a largest difference)."""
+        if self.single:
+            return tensor
+        return self.accelerator.reduce(tensor.to(self.device), "max")
+
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rows of every process concatenated in rank order; shapes must agree (see `max_int`)."""
         if self.single:

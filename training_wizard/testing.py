@@ -53,12 +53,13 @@ def build_causal_lm(
     tokenizer, arch: str = "llama", hidden_size: int = 64, num_layers: int = 2, seed: int = 0, **config_overrides
 ):
     """A small random causal LM (Llama or Qwen2 config) sized to the tokenizer; `config_overrides` go to the
-    config (for example attention_dropout)."""
+    config and replace its settings (for example attention_dropout, or num_attention_heads = 2 for a head size
+    of 32, the smallest vLLM's CPU build runs)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     config_class = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    config = config_class(
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -70,8 +71,8 @@ def build_causal_lm(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
         tie_word_embeddings=False,
-        **config_overrides,
     )
+    config = config_class(**{**settings, **config_overrides})
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
 

@@ -106,6 +106,10 @@ CASES = {
                                 ["reward.function", "could not be imported"]),
     "rloo_k_divisibility": (lambda t: t.replace("num_ppo_epochs = 1", "num_ppo_epochs = 1\nrloo_k = 3"),
                             ["rloo_k (3)", "local_batch_size (4"]),
+    "vllm_with_sampling_logprobs": (
+        lambda t: t.replace("num_ppo_epochs = 1", "num_ppo_epochs = 1\nuse_vllm = true\nlogprobs_from_sampling = true"),
+        ["training", "logprobs must come from the training forward pass under vLLM"],
+    ),
 }
 
 
@@ -203,3 +207,14 @@ def test_a_launch_that_silently_fell_back_stops_with_one_line(recipe_dir, tiny_m
     path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir))
     code, _, err = run_cli(capsys, path, "--dry-run")
     assert_one_line_error(code, err, *needles)
+
+
+def test_use_vllm_without_vllm_installed_is_one_line(recipe_dir, tiny_model_dir, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed in this environment (tests/with_vllm cover it)")
+    path = write_recipe(recipe_dir, good_text(recipe_dir, tiny_model_dir))
+    code, _, err = run_cli(capsys, path, "training.use_vllm=true")
+    assert_one_line_error(code, err, str(path), "training.use_vllm: vLLM is not installed", "setup_vllm.sh")
+    assert not (recipe_dir / "run" / "model").exists()

@@ -61,14 +61,14 @@ def test_first_update_with_one_epoch_has_ratio_one(tokenizer, tmp_path):
 
 
 def test_rollout_values_and_advantages_are_zero_after_the_stop(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.collector as collector_module
+    import training_wizard.rollout.backends as backends_module
 
     eos, other = tokenizer.eos_token_id, tokenizer.eos_token_id + 5
 
     def fixed_responses(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
         return torch.tensor([[other, eos, other, other] if row % 2 else [other] * 4 for row in range(len(seeds))])
 
-    monkeypatch.setattr(collector_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
+    monkeypatch.setattr(backends_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     trainer = make_trainer(tokenizer, tmp_path, kl_coef=0.1)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)

@@ -182,7 +182,7 @@ def test_attention_dropout_copied_into_modules_is_off_during_the_update(tokenize
 
 
 def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.collector as collector_module
+    import training_wizard.rollout.backends as backends_module
 
     eos, other = tokenizer.eos_token_id, tokenizer.eos_token_id + 5
 
@@ -190,7 +190,7 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
         rows = prompt_ids.shape[0]  # even rows stop after two tokens, odd rows never stop
         return torch.tensor([[other, eos, other] if row % 2 == 0 else [other, other, other] for row in range(rows)])
 
-    monkeypatch.setattr(collector_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
+    monkeypatch.setattr(backends_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     classifier = build_sequence_classifier(tokenizer)
     trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8)
     rollout = trainer.collect_rollout()

@@ -83,8 +83,8 @@ class EvaluateRecipe(Recipe):
     def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[str], list[bool]]:
         """(queries, one completion per row, whether each ended with the stop token) from the model `spec` names,
         in batches, keyed by row."""
-        from training_wizard.core.masking import truncate_after_stop
-        from training_wizard.rollout.generation import GenerationParams, generate
+        from training_wizard.rollout.backends import DecodeLoopBackend, sample_completions
+        from training_wizard.rollout.generation import GenerationParams
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 
         tokenizer = spec.load_tokenizer()
@@ -92,14 +92,14 @@ class EvaluateRecipe(Recipe):
         encoded = EncodedPrompts.from_rows(rows, tokenizer)
         pad, stop = tokenizer.pad_token_id, tokenizer.eos_token_id
         params = GenerationParams(self.response_length, self.temperature, stop, pad)
+        backend = DecodeLoopBackend(self.batch_size)
         completions: list[str] = []
         stops: list[bool] = []
         for first in range(0, len(rows), self.batch_size):
             indices = list(range(first, min(first + self.batch_size, len(rows))))
             ids, mask = encoded.left_pad(indices, pad)
-            raw = generate(model, ids, mask, params, [row_seed(self.seed, 0, i) for i in indices])
-            responses, keep, has_stop = truncate_after_stop(raw, stop, pad)
-            completions += tokenizer.batch_decode(torch.where(keep, responses, torch.full_like(responses, pad)),
-                                                  skip_special_tokens=True)
-            stops += has_stop.tolist()
+            sampled = sample_completions(backend, model, ids, mask, params, [row_seed(self.seed, 0, i) for i in indices])
+            kept = torch.where(sampled.mask, sampled.responses, torch.full_like(sampled.responses, pad))
+            completions += tokenizer.batch_decode(kept, skip_special_tokens=True)
+            stops += sampled.has_stop.tolist()
         return encoded.queries, completions, stops

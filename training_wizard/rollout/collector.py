@@ -1,6 +1,6 @@
 """The rollout collector: steps 2-5 of an iteration (numbered in `trainers/base.py`) for a batch of prompt rows.
 
-  2. sample completions with the policy                      rollout/generation.py
+  2. sample completions with the policy                      rollout/backends.py (decode loop or vLLM)
   3. truncate at the stop token and mask what follows         core/masking.py
   4. logprobs of the policy ("old") and the reference         rollout/scoring.py, + any extra per-token pass
   5. score with the reward (+ missing_eos_penalty)            specs/reward.py or a sequence classifier
@@ -21,8 +21,8 @@ import torch
 from training_wizard.collectives import Collectives
 from training_wizard.core.masking import truncate_after_stop
 from training_wizard.errors import UserError
-from training_wizard.rollout.adapters import adapters_folded
-from training_wizard.rollout.generation import GenerationParams, sample
+from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
+from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
@@ -92,7 +92,8 @@ class RolloutCollector:
     """Samples, masks, computes logprobs and scores one batch of prompt rows on this process.
 
     policy: the (accelerate-prepared) policy; ref_policy: a frozen reference, or None to use the policy with its
-    LoRA adapter disabled; reward: a sequence classifier sharing the policy's tokenizer, or a RewardSpec.
+    LoRA adapter disabled; reward: a sequence classifier sharing the policy's tokenizer, or a RewardSpec;
+    backend: what samples the completions (rollout/backends.py; default the built-in decode loop).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class RolloutCollector:
         ref_policy: torch.nn.Module | None,
         reward,
         extra_passes: Mapping[str, ExtraPass] | None = None,
+        backend: GenerationBackend | None = None,
     ):
         self.accelerator = accelerator
         self.collectives = collectives
@@ -115,6 +117,7 @@ class RolloutCollector:
         self.ref_policy = ref_policy
         self.reward = reward
         self.extra_passes = dict(extra_passes or {})
+        self.backend = backend if backend is not None else DecodeLoopBackend(settings.forward_batch_size)
 
     def collect(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int) -> Rollout:
         """A complete Rollout for dataset rows `rows` (with their sampling seeds) at iteration `step`."""
@@ -126,10 +129,11 @@ class RolloutCollector:
         # accelerate's mixed precision autocasts the prepared policy's forward only; the reference and a reward
         # model run under the same autocast, so that policy and reference agree exactly while they are equal
         with engine.context, self.accelerator.autocast():
-            responses, mask, has_stop, sampled_logprobs = self._sample(engine, prompt_ids, prompt_mask, seeds)
+            completions = self._sample(engine, prompt_ids, prompt_mask, seeds)
+            responses, mask, has_stop = completions.responses, completions.mask, completions.has_stop
             generated = time.perf_counter()
             if settings.logprobs_from_sampling:
-                logprobs = sampled_logprobs
+                logprobs = completions.sampling_logprobs
             else:
                 logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
             ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
@@ -137,41 +141,30 @@ class RolloutCollector:
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
         if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
-        completions = self.tokenizer.batch_decode(
+        texts = self.tokenizer.batch_decode(
             torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
         )
         queries = [prompts.queries[i] for i in rows]
         scored = time.perf_counter()
         sampled = Sampled(prompt_ids, prompt_mask, responses, mask, has_stop)
-        scores, components = self._score(prompts, rows, queries, completions, sampled, step)
+        scores, components = self._score(prompts, rows, queries, texts, sampled, step)
         timings["scoring"] = time.perf_counter() - scored
         return Rollout(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=mask,
             has_stop=has_stop, logprobs=logprobs, ref_logprobs=ref_logprobs, scores=scores, queries=queries,
-            completions=completions, components=components, extras=extras, timings=timings,
+            completions=texts, components=components, extras=extras, timings=timings,
+            sampling_logprobs=None if self.backend.samples_with_training_forward else completions.sampling_logprobs,
         )
 
-    def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds):
-        """Responses (B, T) truncated after the stop token, their mask, whether each has the stop token, and the
-        sampling logprobs (B, T) float32 (0 after the stop token)."""
-        settings, pad = self.settings, self.settings.pad_token_id
-        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad)
-        all_finished = self.collectives.all_true if engine.sharded else None
-        step = settings.forward_batch_size
-        # LoRA folded into the base weights for the decode loop (rollout/adapters.py); a sharded model's weights
-        # are gathered layer by layer inside its forward, so it runs as it is.
-        with contextlib.nullcontext() if engine.sharded else adapters_folded(engine.model):
-            chunks = [
-                sample(engine.model, prompt_ids[start : start + step], prompt_mask[start : start + step], params,
-                       seeds[start : start + step], all_finished)
-                for start in range(0, prompt_ids.shape[0], step)
-            ]
-        # One width on every process: token-level statistics gather (B, T) tensors across processes.
-        width = self.collectives.max_int(max(chunk.tokens.shape[1] for chunk in chunks))
-        raw = torch.cat([torch.nn.functional.pad(c.tokens, (0, width - c.tokens.shape[1]), value=pad) for c in chunks])
-        logprobs = torch.cat([torch.nn.functional.pad(c.logprobs, (0, width - c.logprobs.shape[1])) for c in chunks])
-        responses, mask, has_stop = truncate_after_stop(raw, settings.stop_token_id, pad)
-        return responses, mask, has_stop, torch.where(mask, logprobs, torch.zeros_like(logprobs))
+    def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:
+        """Completions (B, T) truncated after the stop token, from the generation backend."""
+        settings = self.settings
+        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id,
+                                  settings.pad_token_id)
+        return sample_completions(
+            self.backend, engine.model, prompt_ids, prompt_mask, params, seeds, sharded=engine.sharded,
+            all_finished=self.collectives.all_true if engine.sharded else None, agree_width=self.collectives.max_int,
+        )
 
     def _logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         settings = self.settings

@@ -31,6 +31,8 @@ class Rollout:
     components: Mapping[str, list[float]] = field(default_factory=dict)  # reward components, (B,) each
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)  # per-token (B, T) passes, e.g. PPO "values"
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds: generation, logprobs, scoring
+    # (B, T) float32: logprobs as the sampling engine gave them, when it is not the training model (vLLM), else None
+    sampling_logprobs: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -52,4 +54,6 @@ class Rollout:
             "width": width,
         }
         picked.update({name: values[index, :width] for name, values in self.extras.items()})
+        if self.sampling_logprobs is not None:
+            picked["sampling_logprobs"] = self.sampling_logprobs[index, :width]
         return picked

@@ -28,6 +28,7 @@ from accelerate.utils import set_seed
 from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
+from training_wizard.core.importance_sampling import ImportanceWeights, sampling_correction_weights
 from training_wizard.core.kl import kl_per_token
 from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.errors import UserError
@@ -40,7 +41,7 @@ from training_wizard.signals import StopRequest, TrainingInterrupted, fault_poin
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.setup import as_reward, prepare_models
+from training_wizard.trainers.setup import as_reward, generation_backend, prepare_models
 from training_wizard.trainers.update import MicroBatchLoss, UpdateLoop
 
 
@@ -122,10 +123,14 @@ class OnPolicyTrainer(UpdateLoop):
         self.state = RunState(config.seed, len(self.train_prompts))
         self.reward = as_reward(reward_model)
         self._setup_models(policy, ref_policy)
+        longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
+                             for ids in prompts.input_ids)
+        self.generation = generation_backend(self.accelerator, config, self.unwrapped_policy, longest_prompt,
+                                             self.collectives.barrier)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
-            extra_passes=self.extra_rollout_passes(),
+            extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
@@ -224,6 +229,7 @@ class OnPolicyTrainer(UpdateLoop):
         finally:
             progress.close()
             self.metrics.close()
+            self.generation.close()
 
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
@@ -235,6 +241,7 @@ class OnPolicyTrainer(UpdateLoop):
         # 7. the update
         update_started = time.perf_counter()
         update_stats = {} if skip_update else self._update(rollout, shaped)
+        self.generation.weights_changed()  # the one point where the sampled-from weights go stale (vLLM: pushed)
         update_seconds = time.perf_counter() - update_started
         # 8. counters, logs, samples, evaluation, checkpoint
         self._record_iteration(rollout, shaped, update_stats, update_seconds, progress)
@@ -351,7 +358,48 @@ class OnPolicyTrainer(UpdateLoop):
         }
         for name, values in rollout.components.items():
             metrics[f"rewards/{name}"] = mean(torch.tensor(values))
+        if rollout.sampling_logprobs is not None:
+            metrics.update(self._sampling_metrics(rollout))
         return metrics
+
+    def sampling_correction(self, rows: dict[str, torch.Tensor]) -> ImportanceWeights | None:
+        """The weights that correct the update for another engine (vLLM) having sampled the rows, or None
+        (core/importance_sampling.py): from the rollout's training-pass logprobs and the sampler's."""
+        config = self.config
+        if "sampling_logprobs" not in rows or not config.vllm_importance_sampling_correction:
+            return None
+        return sampling_correction_weights(
+            rows["logprobs"], rows["sampling_logprobs"], rows["response_mask"], config.vllm_importance_sampling_mode,
+            config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
+        )
+
+    def _sampling_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """TRL's sampling/* metrics: how far the sampler's logprobs are from the training pass's (over every real
+        token of every process), and the bounded correction weights (per token, or per completion in sequence
+        modes)."""
+        device, mask = self.accelerator.device, rollout.response_mask
+        difference = (rollout.logprobs - rollout.sampling_logprobs).abs()[mask].float().to(device)
+        config = self.config
+        weights = sampling_correction_weights(
+            rollout.logprobs, rollout.sampling_logprobs, mask, config.vllm_importance_sampling_mode,
+            config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
+        )
+        per_sequence = config.vllm_importance_sampling_mode.startswith("sequence")
+        ratios = (weights.sequence if per_sequence else weights.token[mask]).float().to(device)
+        sums = self.collectives.sum(torch.stack([difference.sum(), difference.new_tensor(difference.numel()),
+                                                 ratios.sum(), ratios.new_tensor(ratios.numel())]))
+        none = torch.tensor(0.0, device=device)
+        highest = self.collectives.max(torch.stack([
+            difference.max() if difference.numel() else none, ratios.max() if ratios.numel() else none,
+            -ratios.min() if ratios.numel() else none,
+        ]))
+        return {
+            "sampling/sampling_logp_difference/mean": float(sums[0] / sums[1].clamp(min=1)),
+            "sampling/sampling_logp_difference/max": float(highest[0]),
+            "sampling/importance_sampling_ratio/min": float(-highest[2]),
+            "sampling/importance_sampling_ratio/mean": float(sums[2] / sums[3].clamp(min=1)),
+            "sampling/importance_sampling_ratio/max": float(highest[1]),
+        }
 
     def _sample_table(self, rollout: Rollout, rows: int = 4):
         shown = min(rows, rollout.num_rows)

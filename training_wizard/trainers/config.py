@@ -150,6 +150,59 @@ class OnPolicyConfig(Spec):
         "differ more, which is why the default recomputes them (the N+ implementation details).",
     )
 
+    # -- generation with vLLM (TRL's names and defaults; docs/vllm.md) ----------------------------------------
+    use_vllm: bool = Field(
+        False, description="Sample completions with vLLM instead of the built-in decode loop (pip install -e .[vllm]). "
+        "The rollout's logprobs still come from the training forward pass; vLLM's are the sampling logprobs."
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description='"colocate": one vLLM engine inside each training process, weights pushed in memory '
+        'after every update. "server": a separate `training-wizard vllm-serve` process, weights pushed over HTTP.'
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="Colocate: share of the GPU's memory vLLM may take (weights, activations "
+        "and KV cache); the rest is the trainer's. Ignored on CPU (the KV cache is VLLM_CPU_KVCACHE_SPACE GiB)."
+    )
+    vllm_max_model_length: PositiveInt | None = Field(
+        None, description="Colocate: the engine's context length. Default: the longest training prompt plus "
+        "response_length."
+    )
+    vllm_tensor_parallel_size: PositiveInt = Field(1, description="Colocate: GPUs one engine spreads a model over.")
+    vllm_enable_sleep_mode: bool = Field(
+        False, description="Colocate on GPU: release vLLM's weights and KV cache while the trainer updates, so both "
+        "fit; not available on CPU."
+    )
+    vllm_server_base_url: str | None = Field(
+        None, description="Server: the server's URL, e.g. http://10.0.0.5:8000; overrides host and port."
+    )
+    vllm_server_host: str = Field("0.0.0.0", description="Server: host of the vLLM server (when no base URL).")
+    vllm_server_port: int = Field(8000, ge=1, le=65535, description="Server: port of the vLLM server.")
+    vllm_server_timeout: PositiveFloat = Field(
+        240.0, description="Server: seconds to wait for the server to answer at start-up, and for each request."
+    )
+    vllm_importance_sampling_correction: bool = Field(
+        True, description="Re-weight the policy loss by exp(training logprob - sampling logprob), bounded, to "
+        "correct for vLLM sampling from a slightly different distribution than the training forward pass."
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "sequence_mask", description="token_* weight each token, sequence_* each completion (exp of the summed "
+        "log-ratio); *_truncate clamps the weight to the bounds, *_mask zeroes weights outside them."
+    )
+    vllm_importance_sampling_clip_max: PositiveFloat | None = Field(
+        3.0, description="Upper bound of the correction weight. Older TRL name: vllm_importance_sampling_cap.",
+        validation_alias=_alias("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
+    )
+    vllm_importance_sampling_clip_min: NonNegativeFloat | None = Field(
+        None, description="Lower bound of the correction weight (none by default)."
+    )
+
+    @model_validator(mode="after")
+    def _vllm_settings_agree(self) -> OnPolicyConfig:
+        if self.use_vllm and self.logprobs_from_sampling is True:
+            raise ValueError("use_vllm: the rollout's logprobs must come from the training forward pass under vLLM; "
+                             "set logprobs_from_sampling = false")
+        return self
+
     @property
     def single_update_pass(self) -> bool:
         """One epoch of one mini-batch: the update sees each rollout once, with the weights that sampled it, so

@@ -84,7 +84,9 @@ class PPOTrainer(OnPolicyTrainer):
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         config, mask = self.config, rows["response_mask"]
         token, old = self.policy_logprobs(rows)
-        policy_out = clipped_surrogate_token(token.logprobs, old, shaped["advantages"], mask, config.cliprange)
+        correction = self.sampling_correction(rows)
+        policy_out = clipped_surrogate_token(token.logprobs, old, shaped["advantages"], mask, config.cliprange,
+                                             correction.token if correction is not None else None)
         value_model = self.update_forward["value_model"]
         values = value_logits(value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
         value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,

@@ -39,8 +39,13 @@ class RLOOTrainer(OnPolicyTrainer):
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         token, old = self.policy_logprobs(rows)
-        surrogate = clipped_surrogate_token if self.config.token_level_kl else clipped_surrogate_sequence
-        out = surrogate(token.logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange)
+        correction = self.sampling_correction(rows)
+        if self.config.token_level_kl:
+            surrogate, weights = clipped_surrogate_token, correction.token if correction is not None else None
+        else:
+            surrogate, weights = clipped_surrogate_sequence, correction.sequence if correction is not None else None
+        out = surrogate(token.logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange,
+                        weights)
         stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
                  "policy/clipfrac_avg": out.clipfrac}
         return MicroBatchLoss(loss=out.loss, entropy=token.entropy, ratio=out.ratio, stats=stats)

@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 from training_wizard.errors import UserError
+from training_wizard.rollout.backends import DecodeLoopBackend, GenerationBackend
 from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen,
 )
@@ -168,3 +169,44 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
+
+
+def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy: torch.nn.Module,
+                       max_prompt_length: int, barrier) -> GenerationBackend:
+    """The one choice of what samples completions (rollout/backends.py): the built-in decode loop, or vLLM
+    colocated in this process or as a server. `policy` is the unwrapped policy; `max_prompt_length` the longest
+    prompt the run will sample from; `barrier` waits for every process (a server's weights are pushed by one)."""
+    if not config.use_vllm:
+        return DecodeLoopBackend(config.local_rollout_forward_batch_size)
+    if engine_kind(accelerator):
+        raise UserError(f"training.use_vllm: not supported under {accelerator.distributed_type.name} here (weights "
+                        "would have to be gathered for every push); use plain data parallel or use_vllm = false")
+    from training_wizard.rollout.vllm import VLLMColocateBackend, VLLMServerBackend
+
+    options = vllm_sampling_options(config)
+    if config.vllm_mode == "server":
+        url = config.vllm_server_base_url or f"http://{config.vllm_server_host}:{config.vllm_server_port}"
+        if not url.startswith(("http://", "https://")):
+            raise UserError(f"training.vllm_server_base_url: expected an http:// or https:// URL, got {url!r}")
+        return VLLMServerBackend(policy, base_url=url, timeout=config.vllm_server_timeout,
+                                 push=accelerator.is_main_process, barrier=barrier, sampling_options=options)
+    return VLLMColocateBackend(
+        policy, max_model_len=config.vllm_max_model_length or max_prompt_length + config.response_length,
+        seed=config.seed, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        tensor_parallel_size=config.vllm_tensor_parallel_size, sleep_mode=config.vllm_enable_sleep_mode,
+        world_size=accelerator.num_processes, sampling_options=options,
+    )
+
+
+# Sampling options a config may carry beside temperature, with the value that leaves sampling unchanged.
+_NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}
+
+
+def vllm_sampling_options(config: OnPolicyConfig) -> dict:
+    """The config's truncation and penalty options under vLLM's names, those that change sampling only."""
+    options = {}
+    for name, neutral in _NEUTRAL_SAMPLING.items():
+        value = getattr(config, name, neutral)
+        if value != neutral and value is not None:
+            options[name] = value
+    return options

@@ -1,0 +1,161 @@
+"""Training with use_vllm = true (colocated engine): it learns what the decode loop learns, its weights follow every
+update, and kill -9 then resume ends where the uninterrupted run ends."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training_wizard import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+from training_wizard.tracking.metrics import read_metrics
+
+from conftest import vllm_sized_model
+
+pytestmark = pytest.mark.vllm
+
+
+def x_share(prompts, completions, **columns):
+    """Share of characters that are 'x': a reward a tiny model learns in seconds."""
+    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
+
+
+def prompts(n=16):
+    return [{"prompt": f"Write something {i}."} for i in range(n)]
+
+
+def distinct_characters(prompts, completions, **columns):
+    """A reward whose values differ between random completions from the first iteration on."""
+    return [float(len(set(c))) for c in completions]
+
+
+def rloo_run(tokenizer, tmp_path, policy=None, reward=x_share, **options):
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=16, rloo_k=4, response_length=8,
+                    num_sample_generations=0, temperature=1.0, kl_coef=0.0, learning_rate=3e-3, num_ppo_epochs=2)
+    settings.update(options)
+    trainer = RLOOTrainer(config=RLOOConfig(**settings), tokenizer=tokenizer,
+                          policy=policy if policy is not None else vllm_sized_model(tokenizer),
+                          reward_model=reward, train_dataset=prompts())
+    trainer.train()
+    return read_metrics(tmp_path)
+
+
+def rise(metrics, key="objective/scores", window=5):
+    values = [m[key] for m in metrics]
+    return sum(values[-window:]) / window - sum(values[:window]) / window
+
+
+def test_a_vllm_run_learns_the_reward_as_the_decode_loop_run_does(tokenizer, tmp_path):
+    with_vllm = rloo_run(tokenizer, tmp_path / "vllm", use_vllm=True, total_episodes=16 * 60)
+    decode_loop = rloo_run(tokenizer, tmp_path / "loop", total_episodes=16 * 60)
+    # random init emits 'x' in under 1% of characters; both runs end near all-'x' (seen: 0.97 and 0.97, the vLLM run
+    # a few iterations behind: its draws differ from the decode loop's)
+    assert rise(with_vllm) > 0.6 and rise(decode_loop) > 0.6, (rise(with_vllm), rise(decode_loop))
+    assert all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in with_vllm)
+    assert "sampling/sampling_logp_difference/max" not in decode_loop[0]
+
+
+def lora_policy(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(vllm_sized_model(tokenizer), LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+
+
+# objective/kl (k3) at the last of 6 iterations: seen 2.0 (full) and 0.19 (LoRA); a stale engine would sample from
+# weights that far from the trained ones, and its logprobs would be that far from the training pass's
+KL_MOVED = 0.1
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
+def test_weights_are_pushed_after_every_update(tokenizer, tmp_path, adapter):
+    """At a high learning rate the policy moves far from its start (the KL to the reference grows), yet vLLM's
+    logprobs stay within 1e-3 of the training pass at every iteration: the engine samples from the updated weights."""
+    policy = lora_policy(tokenizer) if adapter else vllm_sized_model(tokenizer)
+    metrics = rloo_run(tokenizer, tmp_path, policy=policy, reward=distinct_characters, use_vllm=True,
+                       total_episodes=16 * 6, learning_rate=3e-2 if adapter else 1e-2, kl_coef=0.05, kl_estimator="k3")
+    differences = [m["sampling/sampling_logp_difference/max"] for m in metrics]
+    assert max(differences) < 1e-3, differences
+    assert metrics[-1]["objective/kl"] > KL_MOVED, [m["objective/kl"] for m in metrics]  # the policy really moved
+    assert all(0.99 < m["sampling/importance_sampling_ratio/mean"] < 1.01 for m in metrics)
+    for key in ("sampling/sampling_logp_difference/mean", "sampling/importance_sampling_ratio/min",
+                "sampling/importance_sampling_ratio/max"):
+        assert key in metrics[0]
+
+
+def test_ppo_samples_with_vllm(tokenizer, tmp_path):
+    config = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, response_length=8, total_episodes=24,
+                       num_sample_generations=0, learning_rate=1e-2, use_vllm=True,
+                       vllm_importance_sampling_mode="token_truncate")
+    PPOTrainer(config=config, tokenizer=tokenizer, policy=vllm_sized_model(tokenizer), reward_model=x_share,
+               train_dataset=prompts()).train()
+    metrics = read_metrics(tmp_path)
+    assert len(metrics) == 3 and all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
+    assert "loss/value_avg" in metrics[-1]
+
+
+RECIPE = """\
+recipe_class = "rloo"
+output_dir = "{out}"
+seed = 5
+
+[model]
+pretrained_name = "{model}"
+
+[dataset]
+data_files = "{data}"
+
+[reward]
+spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
+function = "vllm_rewards:distinct"
+
+[training]
+use_vllm = true
+rloo_k = 2
+per_device_train_batch_size = 4
+num_ppo_epochs = 2
+total_episodes = 32
+response_length = 6
+learning_rate = 5e-3
+num_sample_generations = 2
+save_steps = 1
+"""
+
+
+def cli_run(recipe, log, *overrides, fault=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(recipe.parent)}
+    env.pop("TRAINING_WIZARD_FAULT_INJECT", None)
+    if fault:
+        env["TRAINING_WIZARD_FAULT_INJECT"] = fault
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, "-m", "training_wizard", str(recipe), *overrides], stdout=out,
+                              stderr=subprocess.STDOUT, env=env, timeout=900).returncode
+
+
+def without_timings(metrics):
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "eps", "tokens_per_s"))} for m in metrics]
+
+
+def test_kill_9_then_resume_with_vllm_ends_where_the_uninterrupted_run_ends(tmp_path, vllm_model_dir):
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."})
+                                                      for i in range(6)) + "\n")
+    (tmp_path / "vllm_rewards.py").write_text(
+        "def distinct(prompts, completions, **columns):\n    return [float(len(set(c))) for c in completions]\n")
+    recipes = {}
+    for name in ("whole", "killed"):
+        recipes[name] = tmp_path / f"{name}.toml"
+        recipes[name].write_text(RECIPE.format(out=tmp_path / name, model=vllm_model_dir, data=tmp_path / "prompts.jsonl"))
+    assert cli_run(recipes["whole"], tmp_path / "whole.log") == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    code = cli_run(recipes["killed"], tmp_path / "killed1.log", fault="update@2")
+    assert code == -signal.SIGKILL, (tmp_path / "killed1.log").read_text()[-3000:]
+    assert len(read_metrics(tmp_path / "killed")) == 2
+    code = cli_run(recipes["killed"], tmp_path / "killed2.log", "resume_from_checkpoint=latest")
+    assert code == 0, (tmp_path / "killed2.log").read_text()[-3000:]
+    whole, resumed = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "killed")
+    assert len(whole) == 8 and without_timings(resumed) == without_timings(whole)
+    weights = [load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("whole", "killed")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
