@@ -150,6 +150,13 @@ class Collectives:
         if not self.single:
             self.accelerator.wait_for_everyone()
 
+    def full_tensors(self, named):
+        """(name, tensor) pairs made whole on every process, one tensor at a time: an FSDP2 shard (a DTensor) is
+        all-gathered, a plain tensor passes through. Every process must go through the same names in the same
+        order (the vLLM weight push: each process's engine takes the whole weights)."""
+        for name, tensor in named:
+            yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """The full weights when they are sharded (DeepSpeed, FSDP): each process holds a shard, so every process
         takes part in gathering them. None otherwise (save_pretrained reads the unwrapped model directly)."""

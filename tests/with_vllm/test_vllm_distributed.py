@@ -1,16 +1,15 @@
 """Two processes, each with its own colocated vLLM engine (vLLM's external launcher in the gloo world accelerate
 made), end where one process with the same global batch ends: the per-row seeds make each prompt's completions
-independent of which process samples it."""
+independent of which process samples it. Under FSDP2 each push gathers the sharded weights one tensor at a time."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "smoke"))
-from test_distributed import launch, read_jsonl  # noqa: E402  the data-parallel tests' launcher and recipe
+from tests.smoke.test_distributed import launch, read_jsonl
+from tests.smoke.test_sharded import FSDP2, launch_sharded, max_difference
 
 pytestmark = pytest.mark.vllm
 
@@ -36,3 +35,17 @@ def test_two_processes_with_colocated_engines_match_one_process(tmp_path, vllm_m
             assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
         assert r2["sampling/sampling_logp_difference/max"] < 1e-3  # both engines got every push
     assert torch.equal(torch.tensor([m["episode"] for m in m1]), torch.tensor([m["episode"] for m in m2]))
+
+
+def test_fsdp2_gathers_the_weights_it_pushes_and_matches_one_process(tmp_path, vllm_model_dir):
+    overrides = ("training.use_vllm=true",)
+    single = launch(tmp_path, vllm_model_dir, "single", 1, overrides=overrides, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    sharded = launch_sharded(tmp_path, vllm_model_dir, "fsdp2", FSDP2, overrides=overrides, timeout=600)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert max_difference(tmp_path / "single", tmp_path / "fsdp2") < 1e-5
+    assert max_difference(tmp_path / "single", Path(vllm_model_dir), start=True) > 2e-4
+    metrics = read_jsonl(tmp_path / "fsdp2" / "metrics.jsonl")
+    assert [m["objective/scores"] for m in metrics] == [m["objective/scores"] for m in read_jsonl(
+        tmp_path / "single" / "metrics.jsonl")]
+    assert all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)

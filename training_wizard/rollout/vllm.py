@@ -21,13 +21,15 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.generation import GenerationParams, Generated
+
+WholeTensors = Callable[[Iterable[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]]
 
 # Head sizes the CPU build's attention kernels take (vLLM's CPU attention backend); others fail at start-up with
 # "Unsupported CPU attention configuration".
@@ -112,19 +114,20 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def checkpoint_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(model: torch.nn.Module, whole: WholeTensors = iter) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of `model` under the names of its Hugging Face checkpoint, LoRA adapters folded in.
 
-    A peft LoRA linear layer stores `<layer>.base_layer.weight` and its adapters' `lora_A` / `lora_B`; the checkpoint
-    name is `<layer>.weight`, holding W + scaling * B A (rollout/adapters.py's product, new tensors). Adapters that
-    cannot be folded that way (DoRA, LoRA bias, non-linear bases) are refused.
+    `whole` turns the model's (name, tensor) pairs into whole tensors, one at a time (FSDP2 shards are gathered:
+    `Collectives.full_tensors`); every process must call this alike. A peft LoRA linear layer stores
+    `<layer>.base_layer.weight` and its adapters' `lora_A` / `lora_B`; the checkpoint name is `<layer>.weight`,
+    holding W + (B A) * scaling, peft's own delta (transposed for fan_in_fan_out layers), as new tensors. Adapters
+    that cannot be folded that way (DoRA, LoRA bias, non-linear bases) are refused.
     """
     from training_wizard.rollout.adapters import foldable_lora_layers
 
     hf_model = base_model(model)
-    has_adapters = hf_model is not model
     lora = {}
-    if has_adapters:
+    if hf_model is not model:
         layers = foldable_lora_layers(model)
         if layers is None:
             raise UserError("model.lora: under use_vllm only plain LoRA adapters on linear layers can be pushed to "
@@ -132,18 +135,28 @@ def checkpoint_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tens
         names = {id(module): name for name, module in hf_model.named_modules()}
         lora = {names[id(layer)]: layer for layer in layers}
     with torch.no_grad():
-        for name, tensor in hf_model.state_dict().items():
+        state = dict(whole(hf_model.state_dict().items()))
+        for name, tensor in state.items():
             if ".lora_" in name:
                 continue
             if ".base_layer." in name:
                 owner, leaf = name.split(".base_layer.", 1)
                 name = f"{owner}.{leaf}"
-                layer = lora.get(owner)
-                if layer is not None and leaf == "weight":
-                    for adapter in layer.active_adapters:
-                        if adapter in layer.lora_A:
-                            tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+                if owner in lora and leaf == "weight":
+                    tensor = tensor + _lora_delta(lora[owner], owner, state).to(tensor.dtype)
             yield name, tensor.detach()
+
+
+def _lora_delta(layer, owner: str, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum over the layer's active adapters of (B A) * scaling, from whole tensors (peft's `get_delta_weight`)."""
+    total = None
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A:
+            continue
+        delta = state[f"{owner}.lora_B.{adapter}.weight"] @ state[f"{owner}.lora_A.{adapter}.weight"]
+        delta = (delta.T if layer.fan_in_fan_out else delta) * layer.scaling[adapter]
+        total = delta if total is None else total + delta
+    return total if total is not None else torch.zeros(())
 
 
 def engine_dtype(model: torch.nn.Module) -> str:
@@ -163,7 +176,8 @@ class VLLMColocateBackend(GenerationBackend):
     name = "vLLM (colocate)"
 
     def __init__(self, model: torch.nn.Module, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
-                 tensor_parallel_size: int, sleep_mode: bool, world_size: int, sampling_options: dict[str, Any]):
+                 tensor_parallel_size: int, sleep_mode: bool, world_size: int, sampling_options: dict[str, Any],
+                 whole: WholeTensors = iter):
         vllm = import_vllm()
         check_engine_can_run(base_model(model).config, sleep_mode)
         self._vllm = vllm
@@ -173,6 +187,7 @@ class VLLMColocateBackend(GenerationBackend):
                                                             tensor_parallel_size, sleep_mode, world_size))
         self.sleep_mode = sleep_mode
         self.sampling_options = sampling_options
+        self.whole = whole
         self._stale = True  # dummy weights until the first push
 
     @staticmethod
@@ -209,7 +224,8 @@ class VLLMColocateBackend(GenerationBackend):
         if self.sleep_mode:
             self.engine.wake_up(tags=["weights"])
         self.engine.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(checkpoint_weights(model)), "is_checkpoint_format": True}
+            "reload_weights",
+            kwargs={"weights_iterator": list(checkpoint_weights(model, self.whole)), "is_checkpoint_format": True},
         )
         self.engine.reset_prefix_cache()
         if self.sleep_mode:
@@ -225,12 +241,13 @@ class VLLMServerBackend(GenerationBackend):
     name = "vLLM (server)"
 
     def __init__(self, model: torch.nn.Module, *, base_url: str, timeout: float, push: bool, barrier,
-                 sampling_options: dict[str, Any]):
+                 sampling_options: dict[str, Any], whole: WholeTensors = iter):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.push = push
         self.barrier = barrier
         self.sampling_options = sampling_options
+        self.whole = whole
         self._stale = True
         info = self._wait_until_up()
         check_same_model(info, base_model(model).config, self.base_url)
@@ -280,18 +297,23 @@ class VLLMServerBackend(GenerationBackend):
 
     def sync_weights(self, model) -> None:
         if self._stale:
-            if self.push:
-                self.push_weights(model)
+            self.push_weights(model)
             self.barrier()  # no process samples before the new weights are in
             self._stale = False
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        """Send the policy's weights to the server as safetensors, a bounded batch of tensors per request."""
+        """Send the policy's weights to the server as safetensors, a bounded batch of tensors per request. Every
+        process goes through the weights (gathering sharded ones is collective); the pushing one sends them."""
         from safetensors.torch import save
 
+        weights = checkpoint_weights(model, self.whole)
+        if not self.push:
+            for _ in weights:
+                pass
+            return
         batch: dict[str, torch.Tensor] = {}
         size = 0
-        for name, tensor in checkpoint_weights(model):
+        for name, tensor in weights:
             batch[name] = tensor.contiguous().cpu()
             size += tensor.numel() * tensor.element_size()
             if size >= _PUSH_BYTES:

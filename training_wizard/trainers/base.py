@@ -126,7 +126,7 @@ class OnPolicyTrainer(UpdateLoop):
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
                              for ids in prompts.input_ids)
         self.generation = generation_backend(self.accelerator, config, self.unwrapped_policy, longest_prompt,
-                                             self.collectives.barrier)
+                                             self.collectives)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,

@@ -172,15 +172,17 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
 
 
 def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy: torch.nn.Module,
-                       max_prompt_length: int, barrier) -> GenerationBackend:
+                       max_prompt_length: int, collectives) -> GenerationBackend:
     """The one choice of what samples completions (rollout/backends.py): the built-in decode loop, or vLLM
     colocated in this process or as a server. `policy` is the unwrapped policy; `max_prompt_length` the longest
-    prompt the run will sample from; `barrier` waits for every process (a server's weights are pushed by one)."""
+    prompt the run will sample from. Under FSDP2 every push gathers the weights one tensor at a time."""
     if not config.use_vllm:
         return DecodeLoopBackend(config.local_rollout_forward_batch_size)
-    if engine_kind(accelerator):
-        raise UserError(f"training.use_vllm: not supported under {accelerator.distributed_type.name} here (weights "
-                        "would have to be gathered for every push); use plain data parallel or use_vllm = false")
+    kind = engine_kind(accelerator)
+    if kind == "deepspeed" or (kind == "fsdp" and not accelerator.is_fsdp2):
+        raise UserError(f"training.use_vllm: not supported under {accelerator.distributed_type.name} with this "
+                        "engine (FSDP2 and plain data parallel are); use fsdp_version 2, plain data parallel, or "
+                        "use_vllm = false")
     from training_wizard.rollout.vllm import VLLMColocateBackend, VLLMServerBackend
 
     options = vllm_sampling_options(config)
@@ -189,12 +191,13 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
         if not url.startswith(("http://", "https://")):
             raise UserError(f"training.vllm_server_base_url: expected an http:// or https:// URL, got {url!r}")
         return VLLMServerBackend(policy, base_url=url, timeout=config.vllm_server_timeout,
-                                 push=accelerator.is_main_process, barrier=barrier, sampling_options=options)
+                                 push=accelerator.is_main_process, barrier=collectives.barrier,
+                                 sampling_options=options, whole=collectives.full_tensors)
     return VLLMColocateBackend(
         policy, max_model_len=config.vllm_max_model_length or max_prompt_length + config.response_length,
         seed=config.seed, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         tensor_parallel_size=config.vllm_tensor_parallel_size, sleep_mode=config.vllm_enable_sleep_mode,
-        world_size=accelerator.num_processes, sampling_options=options,
+        world_size=accelerator.num_processes, sampling_options=options, whole=collectives.full_tensors,
     )
 
 
