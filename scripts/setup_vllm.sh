@@ -13,6 +13,7 @@ PYTHON=${PYTHON:-python3}
 # vLLM pulls torchvision/torchaudio/torchcodec wheels built for another torch; with them installed transformers'
 # model imports fail ("operator torchvision::nms does not exist"). Nothing here needs them.
 .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+.venv-vllm/bin/python -m pip install -q --no-build-isolation -r requirements-deepspeed.txt
 .venv-vllm/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv-vllm/bin/python -m pip install -q --no-deps -e .
 .venv-vllm/bin/python -c "import torch; assert '+cu' not in torch.__version__ and not torch.version.cuda, 'a CUDA torch was installed'"

@@ -150,11 +150,11 @@ class Collectives:
         if not self.single:
             self.accelerator.wait_for_everyone()
 
-    def full_tensors(self, named):
-        """(name, tensor) pairs made whole on every process, one tensor at a time: an FSDP2 shard (a DTensor) is
-        all-gathered, a plain tensor passes through. Every process must go through the same names in the same
-        order (the vLLM weight push: each process's engine takes the whole weights)."""
-        for name, tensor in named:
+    def whole_state(self, model: torch.nn.Module):
+        """`model.state_dict()`'s (name, tensor) pairs, each tensor whole on every process, one at a time: an FSDP2
+        shard (a DTensor) is all-gathered, a plain tensor passes through. Every process must go through it alike
+        (the vLLM weight push: each process's engine takes the whole weights)."""
+        for name, tensor in model.state_dict().items():
             yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
@@ -212,3 +212,4 @@ class Collectives:
 
 def _torch_optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
+

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.smoke.test_distributed import launch, read_jsonl
-from tests.smoke.test_sharded import FSDP2, launch_sharded, max_difference
+from tests.smoke.test_sharded import DEEPSPEED_CACHE, FSDP2, ZERO, launch_sharded, max_difference
 
 pytestmark = pytest.mark.vllm
 
@@ -49,3 +49,11 @@ def test_fsdp2_gathers_the_weights_it_pushes_and_matches_one_process(tmp_path, v
     assert [m["objective/scores"] for m in metrics] == [m["objective/scores"] for m in read_jsonl(
         tmp_path / "single" / "metrics.jsonl")]
     assert all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
+
+
+def test_deepspeed_is_refused_in_one_line(tmp_path, vllm_model_dir):
+    refused = launch_sharded(tmp_path, vllm_model_dir, "zero3", ZERO.format(stage=3), overrides=("training.use_vllm=true",),
+                             env_extra=DEEPSPEED_CACHE, timeout=600)
+    assert refused.returncode != 0
+    assert "training.use_vllm: not supported under DeepSpeed here; use FSDP2" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "zero3" / "metrics.jsonl").exists()

@@ -21,7 +21,7 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -29,7 +29,13 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.generation import GenerationParams, Generated
 
-WholeTensors = Callable[[Iterable[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]]
+# model -> its state_dict's (name, tensor) pairs, each tensor whole (Collectives.whole_state for sharded weights)
+WholeState = Callable[[torch.nn.Module], Iterator[tuple[str, torch.Tensor]]]
+
+
+def local_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state of a model whose weights are whole on this process."""
+    return iter(model.state_dict().items())
 
 # Head sizes the CPU build's attention kernels take (vLLM's CPU attention backend); others fail at start-up with
 # "Unsupported CPU attention configuration".
@@ -114,11 +120,11 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def checkpoint_weights(model: torch.nn.Module, whole: WholeTensors = iter) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(model: torch.nn.Module, whole: WholeState = local_state) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights of `model` under the names of its Hugging Face checkpoint, LoRA adapters folded in.
 
-    `whole` turns the model's (name, tensor) pairs into whole tensors, one at a time (FSDP2 shards are gathered:
-    `Collectives.full_tensors`); every process must call this alike. A peft LoRA linear layer stores
+    `whole(module)` gives the module's state with each tensor whole, one at a time (ZeRO-3 and FSDP2 shards are
+    gathered: `Collectives.whole_state`); every process must call this alike. A peft LoRA linear layer stores
     `<layer>.base_layer.weight` and its adapters' `lora_A` / `lora_B`; the checkpoint name is `<layer>.weight`,
     holding W + (B A) * scaling, peft's own delta (transposed for fan_in_fan_out layers), as new tensors. Adapters
     that cannot be folded that way (DoRA, LoRA bias, non-linear bases) are refused.
@@ -135,7 +141,7 @@ def checkpoint_weights(model: torch.nn.Module, whole: WholeTensors = iter) -> It
         names = {id(module): name for name, module in hf_model.named_modules()}
         lora = {names[id(layer)]: layer for layer in layers}
     with torch.no_grad():
-        state = dict(whole(hf_model.state_dict().items()))
+        state = dict(whole(hf_model))
         for name, tensor in state.items():
             if ".lora_" in name:
                 continue
@@ -177,7 +183,7 @@ class VLLMColocateBackend(GenerationBackend):
 
     def __init__(self, model: torch.nn.Module, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
                  tensor_parallel_size: int, sleep_mode: bool, world_size: int, sampling_options: dict[str, Any],
-                 whole: WholeTensors = iter):
+                 whole: WholeState = local_state):
         vllm = import_vllm()
         check_engine_can_run(base_model(model).config, sleep_mode)
         self._vllm = vllm
@@ -241,7 +247,7 @@ class VLLMServerBackend(GenerationBackend):
     name = "vLLM (server)"
 
     def __init__(self, model: torch.nn.Module, *, base_url: str, timeout: float, push: bool, barrier,
-                 sampling_options: dict[str, Any], whole: WholeTensors = iter):
+                 sampling_options: dict[str, Any], whole: WholeState = local_state):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.push = push

@@ -175,14 +175,19 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
                        max_prompt_length: int, collectives) -> GenerationBackend:
     """The one choice of what samples completions (rollout/backends.py): the built-in decode loop, or vLLM
     colocated in this process or as a server. `policy` is the unwrapped policy; `max_prompt_length` the longest
-    prompt the run will sample from. Under FSDP2 every push gathers the weights one tensor at a time."""
+    prompt the run will sample from. Under FSDP2 every push gathers the weights one tensor at a time
+    (`Collectives.whole_state`)."""
     if not config.use_vllm:
         return DecodeLoopBackend(config.local_rollout_forward_batch_size)
     kind = engine_kind(accelerator)
-    if kind == "deepspeed" or (kind == "fsdp" and not accelerator.is_fsdp2):
-        raise UserError(f"training.use_vllm: not supported under {accelerator.distributed_type.name} with this "
-                        "engine (FSDP2 and plain data parallel are); use fsdp_version 2, plain data parallel, or "
-                        "use_vllm = false")
+    if kind == "deepspeed":
+        # Tried: ZeRO-3 with colocated engines on two CPU processes gave non-finite policy or reference logprobs at
+        # the first iteration in three of five runs (gathered for the rollout or one parameter at a time).
+        raise UserError("training.use_vllm: not supported under DeepSpeed here; use FSDP2 (fsdp_version = 2), plain "
+                        "data parallel, or use_vllm = false")
+    if kind == "fsdp" and not accelerator.is_fsdp2:
+        raise UserError("training.use_vllm: not supported under FSDP1 (its flat parameters have no per-parameter "
+                        "gather); use fsdp_version = 2, plain data parallel, or use_vllm = false")
     from training_wizard.rollout.vllm import VLLMColocateBackend, VLLMServerBackend
 
     options = vllm_sampling_options(config)
@@ -192,12 +197,12 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
             raise UserError(f"training.vllm_server_base_url: expected an http:// or https:// URL, got {url!r}")
         return VLLMServerBackend(policy, base_url=url, timeout=config.vllm_server_timeout,
                                  push=accelerator.is_main_process, barrier=collectives.barrier,
-                                 sampling_options=options, whole=collectives.full_tensors)
+                                 sampling_options=options, whole=collectives.whole_state)
     return VLLMColocateBackend(
         policy, max_model_len=config.vllm_max_model_length or max_prompt_length + config.response_length,
         seed=config.seed, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         tensor_parallel_size=config.vllm_tensor_parallel_size, sleep_mode=config.vllm_enable_sleep_mode,
-        world_size=accelerator.num_processes, sampling_options=options, whole=collectives.full_tensors,
+        world_size=accelerator.num_processes, sampling_options=options, whole=collectives.whole_state,
     )
 
 
