@@ -40,7 +40,7 @@ from training_wizard.signals import StopRequest, TrainingInterrupted, fault_poin
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.setup import as_reward, prepare_models
+from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.update import MicroBatchLoss, UpdateLoop
 
 
@@ -122,6 +122,8 @@ class OnPolicyTrainer(UpdateLoop):
         self.state = RunState(config.seed, len(self.train_prompts))
         self.reward = as_reward(reward_model)
         self._setup_models(policy, ref_policy)
+        # decided once: "auto" becomes True or False here (trainers/setup.py)
+        self.logprobs_from_sampling = resolve_logprobs_from_sampling(config, self.accelerator, self.unwrapped_policy)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
@@ -144,7 +146,7 @@ class OnPolicyTrainer(UpdateLoop):
             forward_batch_size=config.local_rollout_forward_batch_size,
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
-            logprobs_from_sampling=config.logprobs_from_sampling,
+            logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
         )
 
