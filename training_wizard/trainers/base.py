@@ -218,7 +218,6 @@ class OnPolicyTrainer(UpdateLoop):
         # the episodes the run will make: whole iterations, so total_episodes rounded up to a batch
         progress = ProgressDisplay(plan.num_iterations * plan.batch_size, enabled=self.is_main,
                                    start_episode=self.state.episode)
-        self._clock_started, self._clock_episode = time.perf_counter(), self.state.episode
         try:
             with StopRequest() as stop:
                 while self.state.iteration < plan.num_iterations:
@@ -228,6 +227,7 @@ class OnPolicyTrainer(UpdateLoop):
             self.metrics.close()
 
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
+        self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
         rollout = self.collect_rollout()
@@ -272,7 +272,8 @@ class OnPolicyTrainer(UpdateLoop):
         self.lr_scheduler.step()
         self.state.iteration += 1
         self.state.episode += plan.batch_size
-        eps = (self.state.episode - self._clock_episode) / max(time.perf_counter() - self._clock_started, 1e-9)
+        # this iteration's rate (sampling, scoring and update), not a running average since the start
+        eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
         metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
