@@ -78,9 +78,18 @@ def test_auto_is_off_under_bf16_autocast(tokenizer, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_is_off_with_half_precision_weights(tokenizer, dtype):
     config = RLOOConfig(output_dir="x")
-    plain = SimpleNamespace(mixed_precision="no")
+    plain = SimpleNamespace(mixed_precision="no", distributed_type=SimpleNamespace(name="NO"))
     assert resolve_logprobs_from_sampling(config, plain, build_causal_lm(tokenizer).to(dtype)) is False
     assert resolve_logprobs_from_sampling(config, plain, build_causal_lm(tokenizer)) is True
     for forced in (True, False):
         chosen = config.model_copy(update={"logprobs_from_sampling": forced})
         assert resolve_logprobs_from_sampling(chosen, plain, build_causal_lm(tokenizer).to(dtype)) is forced
+
+
+@pytest.mark.parametrize("engine", ["FSDP", "DEEPSPEED"])
+def test_auto_is_off_under_a_sharding_engine(tokenizer, engine):
+    sharded = SimpleNamespace(mixed_precision="no", distributed_type=SimpleNamespace(name=engine))
+    data_parallel = SimpleNamespace(mixed_precision="no", distributed_type=SimpleNamespace(name="MULTI_GPU"))
+    config = RLOOConfig(output_dir="x")
+    assert resolve_logprobs_from_sampling(config, sharded, build_causal_lm(tokenizer)) is False
+    assert resolve_logprobs_from_sampling(config, data_parallel, build_causal_lm(tokenizer)) is True

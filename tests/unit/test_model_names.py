@@ -66,3 +66,31 @@ def test_an_adapter_on_a_bundled_model_loads_after_the_cache_and_the_folder_move
         assert torch.allclose(with_peft(ids).logits, expected, atol=1e-5)
         assert torch.allclose(with_spec(ids).logits, expected, atol=1e-5)
     assert with_spec.name_or_path == str(moved)  # training on from it names the adapter folder, not the bare base
+
+
+def test_adapters_decide_on_saving_embeddings_without_a_hub_lookup(tiny_model_dir, tmp_path, monkeypatch):
+    """peft's "auto" would look base_model_name_or_path up on the Hub; our save options decide locally."""
+    import peft.utils.save_and_load as peft_saving
+
+    from training_wizard.checkpoint import save_options
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("looked the base model up on the Hub")
+
+    monkeypatch.setattr(peft_saving, "check_file_exists_on_hf_hub", no_lookup)
+    spec = TransformerSpec(pretrained_name=str(tiny_model_dir), lora={"r": 2, "alpha": 4})
+    policy = spec.apply_lora(spec.load_causal_lm())
+    assert save_options(policy) == {"save_embedding_layers": False}
+    assert save_options(policy.get_base_model()) == {}  # not a peft model: transformers' own save
+    policy.save_pretrained(tmp_path / "plain", **save_options(policy))
+    embedded = TransformerSpec(pretrained_name=str(tiny_model_dir),
+                               lora={"r": 2, "alpha": 4, "target_modules": ["q_proj", "embed_tokens"]})
+    assert save_options(embedded.apply_lora(embedded.load_causal_lm())) == {"save_embedding_layers": "auto"}
+    policy.get_base_model().training_wizard_resized_embeddings = True  # as after an added pad token
+    assert save_options(policy) == {"save_embedding_layers": True}
+    policy.save_pretrained(tmp_path / "grown", **save_options(policy))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "grown" / "adapter_model.safetensors"))
+    assert any("embed_tokens" in name for name in saved)
+    assert not any("embed_tokens" in name for name in load_file(str(tmp_path / "plain" / "adapter_model.safetensors")))

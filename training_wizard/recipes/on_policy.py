@@ -223,6 +223,8 @@ def batch_table(plan: BatchPlan) -> Table:
 
 def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
     """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
+    from training_wizard.checkpoint import save_options
+
     collectives = trainer.collectives
     collectives.barrier()
     state_dict: dict[str, Any] | None = collectives.full_state_dict(trainer.policy)
@@ -234,6 +236,6 @@ def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
                 state_dict = None
             model = model.merge_and_unload()
         with deepspeed_lookup_skipped(trainer.accelerator):  # save_pretrained unwraps through accelerate
-            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True, **save_options(model))
         trainer.tokenizer.save_pretrained(folder)
     collectives.barrier()

@@ -193,8 +193,11 @@ class TransformerSpec(Spec):
         except (OSError, ValueError) as exc:
             raise UserError(f"{key}: could not load a causal LM from '{folder}': {_first_line(exc)}") from None
         tokenizer = self.load_tokenizer() if tokenizer is None else tokenizer
-        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        resized = len(tokenizer) > model.get_input_embeddings().num_embeddings
+        if resized:
             model.resize_token_embeddings(len(tokenizer))
+        # an adapter trained on it must then carry the grown embeddings (checkpoint.save_options)
+        model.training_wizard_resized_embeddings = resized
         model.config.pad_token_id = tokenizer.pad_token_id
         if model.generation_config is not None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id

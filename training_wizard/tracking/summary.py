@@ -80,15 +80,16 @@ class RunSummary:
         return f"{what}{kind}: {self.episodes} episodes, {self.iterations} logged iterations{wall}"
 
     def metric_lines(self) -> list[str]:
-        span = f"mean of the first/last {self.window} iteration(s)" if self.window > 1 else "first/last iteration"
+        span = f"mean of the first/last {self.window} iterations" if self.window > 1 else "first/last iteration"
         width = max((len(name) for name, _, _ in self.metrics), default=0)
-        lines = [f"{name:<{width}}  {start:>9.4g} -> {end:<9.4g}" for name, start, end in self.metrics]
+        lines = [f"{name:<{width}}  {start:>9.4g} -> {end:.4g}" for name, start, end in self.metrics]
         return [f"main metrics ({span}):", *(f"  {line}" for line in lines)] if lines else []
 
     def evaluation_line(self) -> str | None:
         parts = []
         if self.evaluation:
-            values = ", ".join(f"{k} {self.evaluation[k]:.4g}" for k in EVAL_METRICS if _number(self.evaluation.get(k)) is not None)
+            values = ", ".join(f"{k} {self.evaluation[k]:.4g}" for k in EVAL_METRICS
+                               if _number(self.evaluation.get(k)) is not None)
             parts.append(f"last evaluation (episode {self.evaluation.get('episode')}): {values}")
         if self.win_rate:
             rate = self.win_rate

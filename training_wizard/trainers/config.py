@@ -147,7 +147,7 @@ class OnPolicyConfig(Spec):
         description="Take the policy's rollout logprobs (KL penalty, the ratio's old side) from the logits that "
         "sampled each token instead of a second forward pass over the completions: one forward pass less per "
         "iteration. \"auto\": on where the two are the same computation up to float32 rounding (float32 weights, "
-        "no mixed-precision autocast, the built-in decode loop), off otherwise; in bf16/fp16 a cached decode and a "
+        "no mixed-precision autocast, the built-in decode loop, no DeepSpeed or FSDP), off otherwise; in bf16/fp16 a cached decode and a "
         "full forward pass differ more, which is why the N+ implementation details recompute them. "
         "true/false force it.",
     )
