@@ -69,7 +69,7 @@ def model_card(summary: RunSummary, recipe: dict[str, Any], versions: dict[str, 
         front_matter(summary.base_model, key, lora),
         f"# {title}",
         f"`{base}` fine-tuned with {algorithm.name if algorithm else key or 'reinforcement learning'} by "
-        f"[training-wizard](https://pypi.org/project/training-wizard/), saved as "
+        f"training-wizard, saved as "
         f"{'a LoRA adapter on that base model' if lora else 'full weights'} (safetensors, with its tokenizer).",
         _algorithm_section(algorithm, key),
         _training_section(summary, recipe),
