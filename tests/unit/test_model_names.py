@@ -8,6 +8,7 @@ import shutil
 import torch
 
 import training_wizard.specs.model as model_mod
+from training_wizard.checkpoint import save_options
 from training_wizard.specs.model import SMOLLM2_135M_INSTRUCT, TransformerSpec, resolve_model_folder, save_atomically
 from training_wizard.testing import build_causal_lm, build_tokenizer
 
@@ -42,7 +43,7 @@ def test_an_adapter_on_a_bundled_model_loads_after_the_cache_and_the_folder_move
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
     saved = tmp_path / "run" / "model"
-    policy.save_pretrained(saved)
+    policy.save_pretrained(saved, **save_options(policy))  # as the final save does: no Hub lookup
     tokenizer.save_pretrained(saved)
     config = json.loads((saved / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == HUB_ID
@@ -71,8 +72,6 @@ def test_an_adapter_on_a_bundled_model_loads_after_the_cache_and_the_folder_move
 def test_adapters_decide_on_saving_embeddings_without_a_hub_lookup(tiny_model_dir, tmp_path, monkeypatch):
     """peft's "auto" would look base_model_name_or_path up on the Hub; our save options decide locally."""
     import peft.utils.save_and_load as peft_saving
-
-    from training_wizard.checkpoint import save_options
 
     def no_lookup(*args, **kwargs):
         raise AssertionError("looked the base model up on the Hub")
