@@ -33,8 +33,9 @@ Equal settings (one iteration = one generation + one optimizer step on both side
 Both stop a completion at the tokenizer's EOS; random models almost never emit it, so both generate the full
 length (mean completion lengths are printed to check). Differences that remain: TRL normalises the loss by the
 number of completion tokens in the batch, ours by completions (a scale, not a cost). Ours runs with the options
-given by `--ours-option` (default: logprobs_from_sampling=true, its fast path); without it, ours also does the
-separate old-logprob pass that TRL does.
+given by `--ours-option` (default: none, so our defaults: `logprobs_from_sampling = "auto"` takes the old logprobs
+from the sampling pass in float32, its fast path, and does the separate old-logprob pass that TRL does under
+`--dtype bfloat16`; `--ours-option logprobs_from_sampling=false` forces that pass in float32 too).
 
 Printed per configuration: episodes/s of every run, median and range per side, the per-pair ratio ours/TRL,
 seconds per iteration split into generation (with the logprob passes) and update, peak RSS, mean completion
@@ -221,7 +222,7 @@ def worker_ours(args) -> dict:
                    max_grad_norm=1.0, gradient_checkpointing=args.gradient_checkpointing == "on")
     for item in args.ours_option:
         key, _, value = item.partition("=")
-        options[key] = json.loads(value) if value not in ("true", "false") else value == "true"
+        options[key] = _option_value(value)
     trainer = RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=policy, reward_model=reward,
                           train_dataset=[{"prompt": p} for p in PROMPTS])
     ends = []
@@ -246,9 +247,19 @@ def worker_ours(args) -> dict:
         "completion_length": statistics.mean(m["completions/mean_length"] for m in timed_metrics),
         "scores": [m["objective/scores"] for m in metrics],
         "parameters": sum(p.numel() for p in trainer.unwrapped_policy.parameters()),
-        "old_logprob_pass": not options.get("logprobs_from_sampling", False), "shared_prefill": True,
+        "old_logprob_pass": not trainer.logprobs_from_sampling, "shared_prefill": True,
         "shared_prompt_passes": True,  # reference, old-logprob and update passes run each distinct prompt once
     }
+
+
+def _option_value(text: str):
+    """An --ours-option value: true/false, a JSON number or list, else the text itself (e.g. auto)."""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def run_ours(checkout: Path, model: Path, length: int, out: Path, *, warmup: int, iterations: int, threads: int,
@@ -399,7 +410,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("~/.cache/training-wizard/bench").expanduser())
     parser.add_argument("--trl-venv", type=Path, default=Path("~/.cache/training-wizard/bench-trl-venv").expanduser())
     parser.add_argument("--ours-option", action="append", default=None,
-                        help="key=value for our RLOOConfig (repeatable); default logprobs_from_sampling=true")
+                        help="key=value for our RLOOConfig (repeatable); default: none (our defaults)")
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
                         help="the same on both sides; on is TRL's RLOOConfig default")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -414,7 +425,7 @@ def main() -> None:
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
     if args.ours_option is None:
-        args.ours_option = ["logprobs_from_sampling=true"]
+        args.ours_option = []  # our defaults, as a user gets them
     if args.report:
         saved = json.loads(args.report.read_text())
         print(f"{saved.get('dtype', 'float32')}, {saved['threads']} threads, {saved['matmul_gflops']:.0f} GFLOP/s")
@@ -430,7 +441,7 @@ def main() -> None:
     trl_python = ensure_trl_venv(args.trl_venv)
     rate, cpu = matmul_rate(args.threads, args.dtype), cpu_description()
     print(f"CPU: {cpu}", flush=True)
-    print(f"{args.dtype} matmul rate, {args.threads} threads: {rate:.0f} GFLOP/s; ours with {args.ours_option}; "
+    print(f"{args.dtype} matmul rate, {args.threads} threads: {rate:.0f} GFLOP/s; ours with {args.ours_option or 'its defaults'}; "
           f"gradient checkpointing {args.gradient_checkpointing} on both sides", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

@@ -106,6 +106,22 @@ class Checkpointable(Protocol):
     def checkpoint_models(self) -> dict[str, torch.nn.Module]: ...
 
 
+def save_options(model: torch.nn.Module) -> dict[str, Any]:
+    """Extra `save_pretrained` arguments for `model` (unwrapped). For a peft model, whether the adapter folder also
+    holds the embedding layers, decided here rather than by peft's "auto", which looks the base model's config up
+    under base_model_name_or_path: a Hub id, so on the network (or not at all, with a warning, offline). They are
+    saved when our model spec grew the vocabulary (an added pad token) or when an adapter sits on an embedding
+    layer (peft's own rule, applied without a lookup)."""
+    if not hasattr(model, "get_base_model"):  # not a PeftModel (its base model also holds a peft_config)
+        return {}
+    base = model.get_base_model()
+    if getattr(base, "training_wizard_resized_embeddings", False):
+        return {"save_embedding_layers": True}
+    adapted = any(hasattr(module, "lora_A") and name.rsplit(".", 1)[-1] in ("embed_tokens", "lm_head")
+                  for name, module in base.named_modules())
+    return {"save_embedding_layers": "auto" if adapted else False}
+
+
 def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None) -> Path:
     """Commit a checkpoint of `trainer` (main process writes; every process takes part and gets any error).
 
@@ -194,9 +210,9 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
     try:
         with deepspeed_lookup_skipped(accelerator):  # save_pretrained unwraps through accelerate
             for name, model in trainer.checkpoint_models().items():
-                unwrap_model(accelerator, model).save_pretrained(
-                    staging / name, state_dict=state_dicts[name], safe_serialization=True
-                )
+                unwrapped = unwrap_model(accelerator, model)
+                unwrapped.save_pretrained(staging / name, state_dict=state_dicts[name], safe_serialization=True,
+                                          **save_options(unwrapped))
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()

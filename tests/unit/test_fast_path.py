@@ -50,7 +50,7 @@ def left_padded(tokenizer, texts):
 
 
 def test_sampling_logprobs_equal_a_forward_pass_over_the_completions(tokenizer, tmp_path):
-    forward = make_trainer(tokenizer, tmp_path / "a").collect_rollout()
+    forward = make_trainer(tokenizer, tmp_path / "a", logprobs_from_sampling=False).collect_rollout()
     sampled = make_trainer(tokenizer, tmp_path / "b", logprobs_from_sampling=True).collect_rollout()
     assert torch.equal(forward.responses, sampled.responses)
     mask = forward.response_mask
@@ -70,7 +70,7 @@ def test_logprobs_from_sampling_skips_one_forward_pass_per_iteration(tokenizer, 
         hook.remove()
         return len(calls)
 
-    recompute = full_sequence_passes(make_trainer(tokenizer, tmp_path / "a"))
+    recompute = full_sequence_passes(make_trainer(tokenizer, tmp_path / "a", logprobs_from_sampling=False))
     reuse = full_sequence_passes(make_trainer(tokenizer, tmp_path / "b", logprobs_from_sampling=True))
     assert recompute - reuse == 1  # prefill and reference remain; the old-logprob pass is gone
 
@@ -251,7 +251,7 @@ def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
     sampled = fast.collect_rollout()
     for hook in hooks:
         hook.remove()
-    forward = trainer("b").collect_rollout()
+    forward = trainer("b", logprobs_from_sampling=False).collect_rollout()
     assert adapter_calls == []
     assert torch.equal(sampled.responses, forward.responses)
     assert (sampled.logprobs - forward.logprobs)[forward.response_mask].abs().max() < 1e-5
@@ -365,7 +365,7 @@ def test_the_update_shares_prompt_passes_and_trains_as_the_per_row_update(tokeni
     runs = {}
     for share in (False, True):
         trainer = make_trainer(tokenizer, tmp_path / str(share), total_episodes=8 * 3, num_ppo_epochs=2,
-                               num_mini_batches=1, gradient_checkpointing=checkpointing)
+                               num_mini_batches=1, gradient_checkpointing=checkpointing, logprobs_from_sampling=False)
         assert trainer.share_prompts_in_update  # the default without torch_compile or a DeepSpeed/FSDP engine
         trainer.share_prompts_in_update = share
         rows, hook = prompt_pass_rows(trainer.unwrapped_policy)

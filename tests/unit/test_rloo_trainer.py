@@ -66,6 +66,7 @@ def test_first_iteration_ratio_is_one_clipfrac_zero_kl_zero(tokenizer, tmp_path)
     trainer = make_trainer(
         tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1, gradient_accumulation_steps=2,
         per_device_train_batch_size=4, total_episodes=8,
+        logprobs_from_sampling=False,  # policy and reference by one computation: a KL of exactly 0
     )
     trainer.train()
     first = read_metrics(tmp_path)[0]
@@ -124,7 +125,7 @@ def test_lora_policy_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
     policy = get_peft_model(build_causal_lm(tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     distinct_chars = lambda p, c, **k: [float(len(set(x))) for x in c]  # noqa: E731 - varies between samples
     trainer = make_trainer(tokenizer, tmp_path, reward=distinct_chars, policy=policy, total_episodes=16,
-                           learning_rate=1e-2)
+                           learning_rate=1e-2, logprobs_from_sampling=False)  # exact KL 0 at the start
     assert trainer.ref_policy is None and trainer.uses_adapter_as_reference
     trainer.train()
     metrics = read_metrics(tmp_path)

@@ -90,8 +90,10 @@ def test_ppo_samples_with_vllm(tokenizer, tmp_path):
     config = PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, response_length=8, total_episodes=24,
                        num_sample_generations=0, learning_rate=1e-2, use_vllm=True,
                        vllm_importance_sampling_mode="token_truncate")
-    PPOTrainer(config=config, tokenizer=tokenizer, policy=vllm_sized_model(tokenizer), reward_model=x_share,
-               train_dataset=prompts()).train()
+    trainer = PPOTrainer(config=config, tokenizer=tokenizer, policy=vllm_sized_model(tokenizer), reward_model=x_share,
+                         train_dataset=prompts())
+    assert config.logprobs_from_sampling == "auto" and trainer.logprobs_from_sampling is False  # off under vLLM
+    trainer.train()
     metrics = read_metrics(tmp_path)
     assert len(metrics) == 3 and all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
     assert "loss/value_avg" in metrics[-1]

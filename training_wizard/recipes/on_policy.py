@@ -8,6 +8,7 @@ subclass names its `[training]` config class and builds its trainer (`build_trai
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class OnPolicyRecipe(Recipe):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        started = time.perf_counter()
         # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
         # torch starts each process from a random seed and two runs of one recipe differ.
         set_seed(self.seed)
@@ -99,12 +101,26 @@ class OnPolicyRecipe(Recipe):
             resume(trainer, self.resume_from_checkpoint, console.print)
         trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
-        console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
         if accelerator.is_main_process:
-            from training_wizard.tracking.report import write_run_outputs
+            self.finish_outputs(time.perf_counter() - started, console)
 
-            report = write_run_outputs(self.output_dir)
-            console.print(f"plots and report: {report}")
+    def finish_outputs(self, wall_seconds: float, console: Console) -> None:
+        """After the final save (main process): the model card, plots and report.html, and the run's summary as the
+        last lines in the terminal."""
+        from training_wizard.checkpoint import library_versions
+        from training_wizard.tracking.model_card import write_model_card
+        from training_wizard.tracking.report import write_run_outputs
+        from training_wizard.tracking.summary import run_summary
+
+        model_dir = Path(self.output_dir) / "model"
+        summary = run_summary(self.output_dir, base_model=self.model.model_name(), wall_seconds=wall_seconds)
+        write_model_card(model_dir, summary, library_versions())
+        report = write_run_outputs(self.output_dir, summary)
+        console.rule("run summary")
+        for line in summary.lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(f"report: {report}  (plots: {Path(self.output_dir) / 'metrics.png'})", markup=False,
+                      highlight=False, soft_wrap=True)
 
     def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
         from training_wizard.specs.dataset import filter_long_prompts, validate_prompts
@@ -207,6 +223,8 @@ def batch_table(plan: BatchPlan) -> Table:
 
 def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
     """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
+    from training_wizard.checkpoint import save_options
+
     collectives = trainer.collectives
     collectives.barrier()
     state_dict: dict[str, Any] | None = collectives.full_state_dict(trainer.policy)
@@ -218,6 +236,6 @@ def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
                 state_dict = None
             model = model.merge_and_unload()
         with deepspeed_lookup_skipped(trainer.accelerator):  # save_pretrained unwraps through accelerate
-            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True, **save_options(model))
         trainer.tokenizer.save_pretrained(folder)
     collectives.barrier()

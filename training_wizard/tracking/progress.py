@@ -30,7 +30,7 @@ class ProgressDisplay:
                 TextColumn("[bold]episodes"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]:.1f} eps/s"),
+                TextColumn("{task.fields[rate]:.3g} eps/s"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
@@ -50,7 +50,7 @@ class ProgressDisplay:
         else:
             eta = (self.total - episode) / metrics["eps"] if metrics.get("eps") else float("nan")
             self.console.print(
-                f"episode {episode}/{self.total}  {metrics.get('eps', 0.0):.1f} eps/s  ETA {eta:.0f}s  {summary}",
+                f"episode {episode}/{self.total}  {metrics.get('eps', 0.0):.3g} eps/s  ETA {eta:.0f}s  {summary}",
                 highlight=False,
             )
             self.console.file.flush()  # log files and pipes see each line as it happens

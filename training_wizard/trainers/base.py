@@ -41,7 +41,9 @@ from training_wizard.signals import StopRequest, TrainingInterrupted, fault_poin
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.setup import as_reward, generation_backend, prepare_models
+from training_wizard.trainers.setup import (
+    as_reward, generation_backend, prepare_models, resolve_logprobs_from_sampling,
+)
 from training_wizard.trainers.update import MicroBatchLoss, UpdateLoop
 
 
@@ -127,6 +129,8 @@ class OnPolicyTrainer(UpdateLoop):
                              for ids in prompts.input_ids)
         self.generation = generation_backend(self.accelerator, config, self.unwrapped_policy, longest_prompt,
                                              self.collectives)
+        # decided once: "auto" becomes True or False here (trainers/setup.py)
+        self.logprobs_from_sampling = resolve_logprobs_from_sampling(config, self.accelerator, self.unwrapped_policy)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
@@ -149,7 +153,7 @@ class OnPolicyTrainer(UpdateLoop):
             forward_batch_size=config.local_rollout_forward_batch_size,
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
-            logprobs_from_sampling=config.logprobs_from_sampling,
+            logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
         )
 
@@ -221,7 +225,6 @@ class OnPolicyTrainer(UpdateLoop):
         # the episodes the run will make: whole iterations, so total_episodes rounded up to a batch
         progress = ProgressDisplay(plan.num_iterations * plan.batch_size, enabled=self.is_main,
                                    start_episode=self.state.episode)
-        self._clock_started, self._clock_episode = time.perf_counter(), self.state.episode
         try:
             with StopRequest() as stop:
                 while self.state.iteration < plan.num_iterations:
@@ -232,6 +235,7 @@ class OnPolicyTrainer(UpdateLoop):
             self.generation.close()
 
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
+        self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
         rollout = self.collect_rollout()
@@ -277,7 +281,8 @@ class OnPolicyTrainer(UpdateLoop):
         self.lr_scheduler.step()
         self.state.iteration += 1
         self.state.episode += plan.batch_size
-        eps = (self.state.episode - self._clock_episode) / max(time.perf_counter() - self._clock_started, 1e-9)
+        # this iteration's rate (sampling, scoring and update), not a running average since the start
+        eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
         metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches

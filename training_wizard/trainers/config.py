@@ -142,12 +142,14 @@ class OnPolicyConfig(Spec):
         "dynamic shapes. The first update pays the compilation (about a minute for a 25M model on a 2-core CPU); "
         "generation and the no-grad logprob passes stay eager. One process or plain data parallel only.",
     )
-    logprobs_from_sampling: bool = Field(
-        False,
+    logprobs_from_sampling: bool | Literal["auto"] = Field(
+        "auto",
         description="Take the policy's rollout logprobs (KL penalty, the ratio's old side) from the logits that "
         "sampled each token instead of a second forward pass over the completions: one forward pass less per "
-        "iteration. In float32 the two agree to rounding; in bf16/fp16 a cached decode and a full forward pass "
-        "differ more, which is why the default recomputes them (the N+ implementation details).",
+        "iteration. \"auto\": on where the two are the same computation up to float32 rounding (float32 weights, "
+        "no mixed-precision autocast, the built-in decode loop, no DeepSpeed or FSDP), off otherwise; in bf16/fp16 a cached decode and a "
+        "full forward pass differ more, which is why the N+ implementation details recompute them. "
+        "true/false force it.",
     )
 
     # -- generation with vLLM (TRL's names and defaults; docs/vllm.md) ----------------------------------------
@@ -200,7 +202,7 @@ class OnPolicyConfig(Spec):
     def _vllm_settings_agree(self) -> OnPolicyConfig:
         if self.use_vllm and self.logprobs_from_sampling is True:
             raise ValueError("use_vllm: the rollout's logprobs must come from the training forward pass under vLLM; "
-                             "set logprobs_from_sampling = false")
+                             "set logprobs_from_sampling = \"auto\" or false")
         return self
 
     @property

@@ -119,6 +119,27 @@ def prepare_models(
     )
 
 
+def resolve_logprobs_from_sampling(config: OnPolicyConfig, accelerator: Accelerator, policy: torch.nn.Module) -> bool:
+    """Whether the rollout takes the policy's old logprobs from the sampling pass (`logprobs_from_sampling`).
+
+    True and False are the user's choice. "auto" turns it on only where the sampling pass and a training-style
+    forward pass are the same computation up to float32 rounding: every policy weight in float32, no mixed
+    precision autocast, and our decode loop (rollout/generation.py) on one process or plain data parallel.
+    Anything that makes the sampler's logits differ from the training pass turns it off: bf16/fp16 weights or
+    autocast (the mismatch the RLOO blog post and the N+ implementation details describe), and DeepSpeed or FSDP,
+    whose decode runs a sharded forward step by step, so that the process count moves the sampled logprobs'
+    rounding more than the recompute's (FSDP2, two processes against one: final weights 1.8e-5 apart with them,
+    4.4e-6 with the recompute). vLLM (`use_vllm`) samples with kernels of its own: off; its logprobs are the
+    sampling logprobs of the importance-sampling correction.
+    """
+    choice = config.logprobs_from_sampling
+    if choice != "auto":
+        return bool(choice)
+    all_float32 = all(p.dtype == torch.float32 for p in policy.parameters())
+    no_autocast = accelerator.mixed_precision == "no"
+    return all_float32 and no_autocast and not engine_kind(accelerator) and not config.use_vllm
+
+
 def configure_deepspeed(accelerator: Accelerator, config: OnPolicyConfig) -> None:
     """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
