@@ -47,6 +47,7 @@ class SamplingSettings:
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
+    reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class RolloutCollector:
                 logprobs = sampled_logprobs
             else:
                 logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
-            ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+            ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+                            if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
             extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
         if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:

@@ -66,8 +66,10 @@ def prepare_models(
     for model in (*trained.values(), ref_policy, reward if isinstance(reward, torch.nn.Module) else None):
         if model is not None:
             disable_dropout(model)
-    uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
-    if ref_policy is None and not uses_adapter_as_reference:
+    if not config.uses_reference:  # GRPO with beta = 0: no reference model, no reference pass
+        ref_policy = None
+    uses_adapter_as_reference = config.uses_reference and ref_policy is None and hasattr(policy, "disable_adapter")
+    if config.uses_reference and ref_policy is None and not uses_adapter_as_reference:
         if is_partitioned(policy):
             raise UserError("ref_policy: under DeepSpeed ZeRO-3 the policy's weights are partitioned and cannot "
                             "be copied; pass ref_policy (the same model loaded a second time)")
