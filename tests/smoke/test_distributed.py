@@ -106,6 +106,8 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# Truncated sampling: a completion must still be the same whichever process draws it.
+SAMPLING_FILTERS = ("training.top_k=50", "training.top_p=0.9", "training.min_p=0.01", "training.repetition_penalty=1.2")
 # Every fast-path option on: logprobs from the sampling pass and the single-pass update (shared prefill and
 # cutting padding are always on).
 FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1")
@@ -117,7 +119,7 @@ COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
                          [pytest.param("rloo", "false", (), id="sequence_kl"),
                           pytest.param("rloo", "true", (), id="token_level_kl"),
                           pytest.param("ppo", "false", (), id="ppo"),
-                          pytest.param("grpo", "false", (), id="grpo"),
+                          pytest.param("grpo", "false", SAMPLING_FILTERS, id="grpo"),
                           pytest.param("grpo", "false", ("training.importance_sampling_level=sequence",
                                                          "training.loss_type=grpo", "training.beta=0.0"),
                                        id="grpo_sequence_no_reference", marks=pytest.mark.slow),

@@ -2,6 +2,7 @@
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,3 +203,38 @@ def test_config_reads_trl_names_and_checks_them():
         GRPOConfig(generation_batch_size=20, per_device_train_batch_size=4, total_episodes=64).batch_plan(2)
     with pytest.raises(UserError, match=r"multiple of num_generations \(8\)"):
         GRPOConfig(per_device_train_batch_size=4, total_episodes=64).batch_plan(1)
+
+
+def test_top_k_1_makes_every_group_identical(tokenizer, tmp_path):
+    """The filters reach the sampler: with top_k 1 the k samples of a prompt are the same completion, so every
+    group's rewards are equal (with top_k 0 the tiny model's groups differ)."""
+    trainer = make_trainer(tokenizer, tmp_path / "k1", top_k=1, total_episodes=8)
+    trainer.train()
+    assert read_metrics(tmp_path / "k1")[0]["frac_reward_zero_std"] == 1.0
+    trainer = make_trainer(tokenizer, tmp_path / "k0", total_episodes=8)
+    trainer.train()
+    assert read_metrics(tmp_path / "k0")[0]["frac_reward_zero_std"] == 0.0
+
+
+def test_sampled_logprobs_are_refused_with_truncated_sampling():
+    with pytest.raises(ValueError, match="logprobs_from_sampling"):
+        GRPOConfig(logprobs_from_sampling=True, top_p=0.9)
+    assert GRPOConfig(logprobs_from_sampling=True).logprobs_from_sampling
+
+
+# TRL 1.x GRPOConfig keys docs/trl_options.md says a [training] table accepts, with TRL's defaults
+TRL_GRPO_KEYS = {
+    "learning_rate": 1e-6, "num_generations": 8, "max_completion_length": 512, "ds3_gather_for_generation": True,
+    "generation_batch_size": None, "steps_per_generation": None, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+    "min_p": None, "repetition_penalty": 1.0, "beta": 0.0, "num_iterations": 1, "epsilon": 0.2, "delta": None,
+    "epsilon_high": None, "importance_sampling_level": "token", "scale_rewards": "group", "loss_type": "dapo",
+    "mask_truncated_completions": False, "top_entropy_quantile": 1.0, "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1, "num_train_epochs": 1.0, "lr_scheduler_type": "linear", "warmup_ratio": 0.0,
+    "max_grad_norm": 1.0, "logging_steps": 1, "gradient_checkpointing": False,
+}
+
+
+def test_a_trl_grpo_config_ports_with_its_defaults():
+    assert GRPOConfig.model_validate(TRL_GRPO_KEYS) == GRPOConfig()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trl_options.md").read_text()
+    assert all(f"`{key}`" in text for key in TRL_GRPO_KEYS)

@@ -24,6 +24,7 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.adapters import adapters_folded
 from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
+from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
@@ -47,6 +48,7 @@ class SamplingSettings:
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
+    filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
 
 
@@ -157,7 +159,8 @@ class RolloutCollector:
         """Responses (B, T) truncated after the stop token, their mask, whether each has the stop token, and the
         sampling logprobs (B, T) float32 (0 after the stop token)."""
         settings, pad = self.settings, self.settings.pad_token_id
-        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad)
+        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id, pad,
+                                  settings.filters)
         all_finished = self.collectives.all_true if engine.sharded else None
         step = settings.forward_batch_size
         # LoRA folded into the base weights for the decode loop (rollout/adapters.py); a sharded model's weights

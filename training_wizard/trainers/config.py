@@ -90,6 +90,19 @@ class OnPolicyConfig(Spec):
         validation_alias=_alias("response_length", "max_completion_length"),
     )
     temperature: PositiveFloat = Field(0.7, description="Sampling temperature; logprobs use the same temperature.")
+    top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens only; 0 keeps them all.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="Nucleus sampling: from the fewest most likely tokens whose probability "
+        "reaches top_p; 1.0 keeps them all."
+    )
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="Drop tokens less likely than min_p times the most likely one; null: off."
+    )
+    repetition_penalty: PositiveFloat = Field(
+        1.0, description="Divide the positive logits (multiply the negative ones) of tokens already in the prompt "
+        "or completion by this while sampling (the CTRL paper); 1.0: off. The filters shape only the sampling: "
+        "the losses and the KL use the policy's own distribution at the temperature, as TRL does."
+    )
     stop_token: Literal["eos"] | None = Field(
         "eos", description='"eos": truncate each completion after its first EOS token and mask what follows.'
     )
@@ -149,6 +162,19 @@ class OnPolicyConfig(Spec):
         "iteration. In float32 the two agree to rounding; in bf16/fp16 a cached decode and a full forward pass "
         "differ more, which is why the default recomputes them (the N+ implementation details).",
     )
+
+    @model_validator(mode="after")
+    def _filters_need_recomputed_logprobs(self):
+        if self.logprobs_from_sampling and self.sampling_filters().active:
+            raise ValueError("logprobs_from_sampling takes the logprobs of the truncated sampling distribution "
+                             "(top_k, top_p, min_p, repetition_penalty), not the policy's; set it to false")
+        return self
+
+    def sampling_filters(self):
+        from training_wizard.rollout.sampling import SamplingFilters
+
+        return SamplingFilters(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                               repetition_penalty=self.repetition_penalty)
 
     @property
     def single_update_pass(self) -> bool:
