@@ -241,3 +241,18 @@ def test_shaped_rewards_without_reference_have_zero_kl():
     assert shaped.loss_mask.sum(-1).tolist() == [3, 3, 0, 3]
     expected = 0.5 / (math.sqrt(0.5) + 1e-4)  # group {1, 0}: mean 0.5, unbiased std sqrt(0.5)
     torch.testing.assert_close(shaped.advantages, torch.tensor([expected, -expected, -expected, expected]))
+
+
+def test_dynamic_sampling_leaves_constant_groups_out_of_the_loss_and_the_token_count():
+    # prompt 0 scored {1, 0}, prompt 1 scored {2, 2}: prompt 1's group carries no signal
+    scores = torch.tensor([1.0, 2.0, 0.0, 2.0])
+    lp = -torch.rand(4, 3)
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
+    has_stop = torch.ones(4, dtype=torch.bool)
+    shaped = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, 2, drop_constant_groups=True)
+    assert shaped.loss_mask.sum(-1).tolist() == [2, 0, 1, 0]
+    assert shaped.std_is_zero.tolist() == [False, True, False, True]
+    kept = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, 2)
+    assert torch.equal(kept.loss_mask, mask) and torch.equal(kept.advantages, shaped.advantages)
+    # the token count a dapo step divides by is the loss mask's: prompt 0's 3 tokens, not all 9 real ones
+    assert int(shaped.loss_mask.sum()) == 3 and int(mask.sum()) == 9

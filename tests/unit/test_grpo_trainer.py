@@ -174,7 +174,7 @@ def test_beta_uses_the_lora_base_as_reference_and_logs_kl(tokenizer, tmp_path):
 @pytest.mark.parametrize("options", [
     {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
     {"loss_type": "cispo", "epsilon_high": 5.0},
-    {"loss_type": "dr_grpo", "scale_rewards": "none", "delta": 1.5},
+    {"loss_type": "dr_grpo", "scale_rewards": "none", "delta": 1.5, "dynamic_sampling": True},
     {"top_entropy_quantile": 0.2, "scale_rewards": "batch"},
 ], ids=["gspo", "cispo", "dr_grpo", "top_entropy"])
 def test_loss_variants_train_with_finite_metrics(tokenizer, tmp_path, options):

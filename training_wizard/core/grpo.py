@@ -215,6 +215,13 @@ class GRPOShapedRewards(ShapedRewards):
     ref_logprobs: torch.Tensor | None = None
 
 
+def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: the rows whose group's rewards are all equal (DAPO's dynamic sampling filters these groups out:
+    their advantages are all 0, so they carry no policy gradient). rewards in the (group_size, prompts) layout."""
+    grid = rewards.reshape(group_size, -1)
+    return (grid == grid[:1]).all(0, keepdim=True).expand_as(grid).reshape(rewards.shape)
+
+
 def grpo_shaped_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
@@ -225,13 +232,18 @@ def grpo_shaped_rewards(
     scale_rewards: str = "group",
     mask_truncated_completions: bool = False,
     moments: Moments = local_moments,
+    drop_constant_groups: bool = False,
 ) -> GRPOShapedRewards:
     """GRPO's advantages of one rollout: `group_advantages` of the scores, one per completion (B,). The KL to the
     reference is a loss term (`per_token_loss`), not part of the reward: non_score_reward is 0 and rlhf_reward
-    the score; `kl` (B,) is the rollout's summed k3 estimate, for the objective/kl metric."""
+    the score; `kl` (B,) is the rollout's summed k3 estimate, for the objective/kl metric. `drop_constant_groups`
+    (DAPO's dynamic sampling, without its refill) leaves groups whose rewards are all equal out of the loss mask:
+    out of the token counts the dapo/bnpo losses divide by, and out of the KL term."""
     advantages, std_is_zero = group_advantages(scores, group_size, scale_rewards, moments)
     kl = masked_sum(kl_per_token(logprobs, ref_logprobs, "k3"), mask)
     loss_mask = truncation_mask(mask, has_stop) if mask_truncated_completions else mask
+    if drop_constant_groups:
+        loss_mask = loss_mask & ~constant_groups(scores, group_size).unsqueeze(-1)
     return GRPOShapedRewards(
         advantages=advantages, kl=kl, non_score_reward=torch.zeros_like(scores), rlhf_reward=scores,
         std_is_zero=std_is_zero, loss_mask=loss_mask, ref_logprobs=ref_logprobs,

@@ -356,6 +356,12 @@ class GRPOConfig(OnPolicyConfig):
     mask_truncated_completions: bool = Field(
         False, description="Completions without the stop token (cut at response_length) carry no loss (DAPO)."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling without the refill: groups whose rewards are all equal (zero "
+        "advantage) are left out of the loss and of the token counts it divides by. The batch is not topped up "
+        "with new groups, so an iteration trains on fewer completions; frac_reward_zero_std says how many fewer.",
+    )
     top_entropy_quantile: float = Field(
         1.0, gt=0.0, le=1.0,
         description="Train only on the tokens whose entropy is in this top share of the micro-batch's tokens on "

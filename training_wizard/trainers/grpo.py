@@ -56,7 +56,7 @@ class GRPOTrainer(OnPolicyTrainer):
         return grpo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.response_mask, rollout.has_stop,
             config.num_generations, config.scale_rewards, config.mask_truncated_completions,
-            moments=self.collectives.global_moments(local_moments),
+            moments=self.collectives.global_moments(local_moments), drop_constant_groups=config.dynamic_sampling,
         )
 
     # -- step 7 ------------------------------------------------------------------------------------------------
