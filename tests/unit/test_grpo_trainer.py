@@ -195,6 +195,10 @@ def test_config_reads_trl_names_and_checks_them():
     assert GRPOConfig(scale_rewards=True).scale_rewards == "group"
     with pytest.raises(ValueError, match=r"steps_per_generation \(3\) must be a multiple of gradient_accumulation"):
         GRPOConfig(steps_per_generation=3, gradient_accumulation_steps=2)
+    # a resolved config names both, consistently; an inconsistent pair is refused
+    assert GRPOConfig(steps_per_generation=4, gradient_accumulation_steps=2, num_mini_batches=2).num_mini_batches == 2
+    with pytest.raises(ValueError, match=r"means num_mini_batches = 2, but num_mini_batches is 3"):
+        GRPOConfig(steps_per_generation=4, gradient_accumulation_steps=2, num_mini_batches=3)
     with pytest.raises(ValueError, match="whiten_rewards"):
         GRPOConfig(whiten_rewards=True)
     plan = GRPOConfig(generation_batch_size=32, per_device_train_batch_size=4, total_episodes=64).batch_plan(2)

@@ -304,7 +304,8 @@ class GRPOConfig(OnPolicyConfig):
     generation_batch_size: PositiveInt | None = Field(
         None,
         description="Completions per generation over all processes (TRL): per_device_train_batch_size x processes "
-        "x steps_per_generation; resolved into num_mini_batches once the number of processes is known.",
+        "x steps_per_generation; resolved into num_mini_batches (which it overrides) once the number of processes "
+        "is known.",
     )
     num_ppo_epochs: PositiveInt = Field(
         1,
@@ -383,9 +384,11 @@ class GRPOConfig(OnPolicyConfig):
             if self.steps_per_generation % self.gradient_accumulation_steps:
                 raise ValueError(f"steps_per_generation ({self.steps_per_generation}) must be a multiple of "
                                  f"gradient_accumulation_steps ({self.gradient_accumulation_steps})")
-            if "num_mini_batches" in self.model_fields_set:
-                raise ValueError("set steps_per_generation or num_mini_batches, not both")
-            object.__setattr__(self, "num_mini_batches", self.steps_per_generation // self.gradient_accumulation_steps)
+            derived = self.steps_per_generation // self.gradient_accumulation_steps
+            if "num_mini_batches" in self.model_fields_set and self.num_mini_batches != derived:
+                raise ValueError(f"steps_per_generation ({self.steps_per_generation}) means num_mini_batches = "
+                                 f"{derived}, but num_mini_batches is {self.num_mini_batches}; set one of them")
+            object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
         return self
 
     group_key: ClassVar[str] = "num_generations"
