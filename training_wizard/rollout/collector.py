@@ -24,8 +24,8 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.adapters import adapters_folded
 from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.prompts import EncodedPrompts
-from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
 
