@@ -1,4 +1,4 @@
-"""training-wizard: online RL (RLOO, PPO) for Hugging Face causal language models from one TOML recipe.
+"""training-wizard: online RL (RLOO, PPO, GRPO) for Hugging Face causal language models from one TOML recipe.
 
 Heavy imports (torch, transformers) happen on first use, so `training-wizard --help` stays fast.
 """
@@ -12,10 +12,13 @@ _LAZY = {
     "RLOOTrainer": "training_wizard.trainers.rloo",
     "PPOConfig": "training_wizard.trainers.config",
     "PPOTrainer": "training_wizard.trainers.ppo",
+    "GRPOConfig": "training_wizard.trainers.config",
+    "GRPOTrainer": "training_wizard.trainers.grpo",
     "load_recipe": "training_wizard.recipes.base",
 }
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "load_recipe", "__version__"]
+__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "load_recipe",
+           "__version__"]
 
 
 def __getattr__(name: str):

@@ -21,10 +21,11 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 
 def _sections() -> list[tuple[str, str, list[type]]]:
+    from training_wizard.recipes.grpo import GRPORecipe
     from training_wizard.recipes.ppo import PPORecipe
     from training_wizard.recipes.rloo import RLOORecipe
     from training_wizard.specs import dataset, model, reward, text_metrics
-    from training_wizard.trainers.config import PPOConfig, RLOOConfig, RLOORecipeConfig
+    from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -32,12 +33,14 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         return sorted(found, key=lambda cls: (cls is not base, cls.__name__))
 
     return [
-        ("Recipe (top level)", "The keys outside any table, plus the tables below. `recipe_class = \"rloo\"` or "
-         "`\"ppo\"`; the PPO recipe adds `[value_model]`.", [RLOORecipe, PPORecipe]),
+        ("Recipe (top level)", "The keys outside any table, plus the tables below. `recipe_class = \"rloo\"`, "
+         "`\"ppo\"` or `\"grpo\"`; the PPO recipe adds `[value_model]`.", [RLOORecipe, PPORecipe, GRPORecipe]),
         ("[model], [ref_model], [value_model]", "", [model.TransformerSpec, model.LoraSpec]),
         ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (the defaults of training-wizard 1.0's RLOO example "
          "README); the Python API's `RLOOConfig` has TRL's. The PPO recipe and the Python API use `PPOConfig` "
-         "(TRL's PPOv2 defaults).", [RLOORecipeConfig, RLOOConfig, PPOConfig]),
+         "(TRL's PPOv2 defaults); the GRPO recipe and the Python API `GRPOConfig` (TRL 1.x's GRPO defaults). "
+         "docs/trl_options.md maps every TRL 1.x GRPO and RLOO option.",
+         [RLOORecipeConfig, RLOOConfig, PPOConfig, GRPOConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

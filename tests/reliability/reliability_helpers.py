@@ -60,7 +60,7 @@ def distinct(prompts, completions, **columns):
 
 
 def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algorithm: str = "rloo") -> Path:
-    """The reliability recipe for `algorithm` "rloo" or "ppo" (PPO: one completion per prompt, so 8 prompts per
+    """The reliability recipe for `algorithm` "rloo", "grpo" or "ppo" (PPO: one completion per prompt, so 8 prompts per
     iteration from the 6-prompt dataset, and a value model that starts from the policy)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "prompts.jsonl"
@@ -71,6 +71,9 @@ def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algor
     text = RECIPE.format(out=folder / name, model=model_dir, data=data)
     if algorithm == "ppo":
         text = text.replace('recipe_class = "rloo"', 'recipe_class = "ppo"').replace("rloo_k = 2\n", "")
+    if algorithm == "grpo":  # GRPO with a reference (beta) and the dapo token normalisation over each step
+        text = text.replace('recipe_class = "rloo"', 'recipe_class = "grpo"')
+        text = text.replace("rloo_k = 2\n", "num_generations = 2\nbeta = 0.1\nepsilon_high = 0.28\n")
     recipe.write_text(text + extra)
     return recipe
 

@@ -77,6 +77,11 @@ def write_recipe(tmp_path, model_dir, name, processes, reward="distinct", token_
     if algorithm == "ppo":  # one completion per prompt; advantages are always whitened, per token
         text = text.replace('"rloo"', '"ppo"').replace("rloo_k = 2\n", "").replace("normalize_advantage = true\n", "")
         text = text.replace(f"token_level_kl = {token_level}\n", "")
+    if algorithm == "grpo":  # TRL 1.x names; the token-level dapo loss normalised over both processes' tokens
+        text = text.replace('"rloo"', '"grpo"').replace("rloo_k = 2\n", "num_generations = 2\n")
+        text = text.replace("normalize_advantage = true\n", "").replace(f"token_level_kl = {token_level}\n", "")
+        text = text.replace("kl_coef = 0.1\n", "beta = 0.1\nepsilon_high = 0.28\nmask_truncated_completions = true\n"
+                            "scale_rewards = \"batch\"\n")
     recipe.write_text(text)
     return recipe
 
@@ -84,8 +89,8 @@ def write_recipe(tmp_path, model_dir, name, processes, reward="distinct", token_
 def launch(tmp_path, model_dir, name, processes, reward="distinct", timeout=300, token_level="false", overrides=(),
            env_extra=None, algorithm="rloo", lora=""):
     recipe = write_recipe(tmp_path, model_dir, name, processes, reward, token_level, algorithm, lora)
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path),
-           **(env_extra or {})}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+           **(env_extra or {})}  # the caller's PYTHONPATH kept: a source tree put first is the one tested
     if processes == 1:
         command = [sys.executable, "-m", "training_wizard", str(recipe), *overrides]
     else:
@@ -101,6 +106,8 @@ def read_jsonl(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# Truncated sampling: a completion must still be the same whichever process draws it.
+SAMPLING_FILTERS = ("training.top_k=50", "training.top_p=0.9", "training.min_p=0.01", "training.repetition_penalty=1.2")
 # Every fast-path option on: logprobs from the sampling pass and the single-pass update (shared prefill and
 # cutting padding are always on).
 FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1")
@@ -112,10 +119,16 @@ COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
                          [pytest.param("rloo", "false", (), id="sequence_kl"),
                           pytest.param("rloo", "true", (), id="token_level_kl"),
                           pytest.param("ppo", "false", (), id="ppo"),
+                          pytest.param("grpo", "false", SAMPLING_FILTERS, id="grpo"),
+                          pytest.param("grpo", "false", ("training.importance_sampling_level=sequence",
+                                                         "training.loss_type=grpo", "training.beta=0.0"),
+                                       id="grpo_sequence_no_reference", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", FAST_PATH, id="fast_path"),
                           pytest.param("rloo", "false", COMPILED_FAST_PATH, id="fast_path_compiled",
                                        marks=pytest.mark.slow)])
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
+    if algorithm == "grpo":  # completions of different lengths, some cut off: the token counts differ by process
+        tiny_model_dir = eos_prone_copy(tiny_model_dir, tmp_path / "eos-prone")
     # token_level_kl and PPO gather (B, T) tensors and token-count-dependent statistics across processes
     single = launch(tmp_path, tiny_model_dir, "single", 1, token_level=token_level, algorithm=algorithm,
                     overrides=overrides)
@@ -139,11 +152,30 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, to
             "policy/approxkl_avg", "val/num_eos_tokens", "episode", "lr"]
     if algorithm == "ppo":
         keys += ["loss/value_avg", "val/clipfrac_avg"]
+    if algorithm == "grpo":
+        keys += ["reward", "reward_std", "frac_reward_zero_std", "completions/clipped_ratio", "entropy",
+                 "clip_ratio/region_mean", "policy/clipfrac_avg"]
     for r1, r2 in zip(m1, m2):
         for key in keys:
             assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
     samples = read_jsonl(tmp_path / "double" / "samples.jsonl")
     assert len(samples) == 3 * (4 + 4)  # three tables of four rows and four probe rows, from rank 0 only
+
+
+def eos_prone_copy(model_dir, folder: Path) -> Path:
+    """The tiny model with its EOS output row scaled 20x: about half of 6-token completions stop, after 2 to 6
+    tokens (the random model alone almost never emits EOS)."""
+    import shutil
+
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+
+    shutil.copytree(model_dir, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    eos = AutoTokenizer.from_pretrained(str(folder)).eos_token_id
+    weights["lm_head.weight"][eos] *= 20
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
 
 
 def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):

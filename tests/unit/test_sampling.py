@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from training_wizard.rollout.prompts import row_seed
-from training_wizard.rollout.sampling import greedy_with_logprobs, keyed_uniforms, sample_from_logits, sample_with_logprobs
+from training_wizard.rollout.sampling import (
+    SamplingFilters, filtered_logits, greedy_with_logprobs, keyed_uniforms, sample_from_logits, sample_with_logprobs,
+)
 
 # Chi-square critical values at p = 0.001 (degrees of freedom -> value), from the standard table.
 CHI2_999 = {7: 24.32, 11: 31.26}
@@ -90,3 +92,76 @@ def test_greedy_tokens_carry_their_log_probability():
     assert torch.equal(tokens, logits.argmax(-1))
     exact = torch.log_softmax(logits.double(), -1).gather(1, tokens[:, None]).squeeze(1)
     assert (logprobs.double() - exact).abs().max() < 2e-6
+
+
+# Truncated distributions worked by hand. LOGITS sorted: t0 2.0, t6 1.5, t1 1.0, t2 0.5, t7 0.2, t3 0.0, t4 -0.5,
+# t5 -1.0; softmax 0.3802, 0.2306, 0.1399, 0.0848, 0.0628, 0.0515, 0.0312, 0.0189 (sum of exps 19.434).
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2])
+CHI2_999_SMALL = {1: 10.83, 2: 13.82, 3: 16.27}
+
+
+def truncated(kept: list[int], logits=LOGITS, temperature=1.0) -> torch.Tensor:
+    """softmax over the kept tokens only, zero elsewhere (float64)."""
+    scaled = logits.double() / temperature
+    out = torch.zeros_like(scaled)
+    out[kept] = torch.softmax(scaled[kept], -1)
+    return out
+
+
+@pytest.mark.parametrize("filters, temperature, kept, seen", [
+    # the 3 largest logits
+    (SamplingFilters(top_k=3), 1.0, [0, 6, 1], None),
+    # cumulative mass before each token: t0 0, t6 0.380, t1 0.611, t2 0.751, t7 0.836 >= 0.8: t7 and later dropped
+    (SamplingFilters(top_p=0.8), 1.0, [0, 6, 1, 2], None),
+    # exp(l) >= 0.3 exp(2.0) <=> l >= 2 + ln 0.3 = 0.796
+    (SamplingFilters(min_p=0.3), 1.0, [0, 6, 1], None),
+    # at temperature 0.5 the scaled logits double; top 2 of them, then their softmax
+    (SamplingFilters(top_k=2), 0.5, [0, 6], None),
+    # top_k 4 keeps t0 t6 t1 t2 (mass 0.455 0.276 0.167 0.102 among them); top_p 0.6 then drops t1 and t2
+    (SamplingFilters(top_k=4, top_p=0.6), 1.0, [0, 6], None),
+], ids=["top_k", "top_p", "min_p", "top_k_temperature", "top_k_then_top_p"])
+def test_filtered_draws_follow_the_truncated_distribution(filters, temperature, kept, seen):
+    rows = 10_000
+    tokens, logprobs = sample_with_logprobs(LOGITS.expand(rows, -1), temperature, keys(rows), 3, filters)
+    assert set(tokens.tolist()) == set(kept)  # nothing outside the kept set, everything in it drawn
+    probs = truncated(kept, temperature=temperature)
+    counts = torch.bincount(tokens, minlength=8).double()[kept]
+    assert chi_square(counts, probs[kept]) < CHI2_999_SMALL[len(kept) - 1]
+    # each token's logprob is that of the distribution it was drawn from, not of the full softmax
+    assert (logprobs.double() - probs.log()[tokens]).abs().max() < 2e-6
+
+
+def test_repetition_penalty_by_hand():
+    # tokens 0 (logit 2.0), 6 (1.5) and 5 (-1.0) were seen: with penalty 2 they become 1.0, 0.75 and -2.0
+    seen = torch.zeros(1, 8, dtype=torch.bool)
+    seen[0, [0, 6, 5]] = True
+    penalised = torch.tensor([1.0, 1.0, 0.5, 0.0, -0.5, -2.0, 0.75, 0.2])
+    filters = SamplingFilters(repetition_penalty=2.0)
+    torch.testing.assert_close(filtered_logits(LOGITS[None], 1.0, filters, seen)[0], penalised)
+    rows = 10_000
+    tokens, logprobs = sample_with_logprobs(LOGITS.expand(rows, -1), 1.0, keys(rows), 1, filters,
+                                            seen.expand(rows, -1))
+    probs = torch.softmax(penalised.double(), -1)
+    assert chi_square(torch.bincount(tokens, minlength=8).double(), probs) < CHI2_999[7]
+    assert (logprobs.double() - probs.log()[tokens]).abs().max() < 2e-6
+
+
+def test_filtered_draws_do_not_depend_on_the_batch():
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(2)) * 3
+    row_keys = keys(6, iteration=2)
+    filters = SamplingFilters(top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.3)
+    seen = torch.rand(6, 300, generator=torch.Generator().manual_seed(3)) < 0.1
+    together = sample_with_logprobs(logits, 0.8, row_keys, 4, filters, seen)
+    for i in range(6):
+        alone = sample_with_logprobs(logits[i : i + 1], 0.8, row_keys[i : i + 1], 4, filters, seen[i : i + 1])
+        assert torch.equal(alone[0], together[0][i : i + 1]) and torch.equal(alone[1], together[1][i : i + 1])
+
+
+def test_the_penalty_covers_prompt_tokens_and_drawn_ones():
+    from training_wizard.rollout.generation import _seen_tokens
+
+    prompt_ids = torch.tensor([[0, 0, 5, 7], [3, 4, 4, 1]])
+    prompt_mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    seen = _seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(repetition_penalty=1.1))
+    assert seen.nonzero().tolist() == [[0, 5], [0, 7], [1, 1], [1, 3], [1, 4]]  # padding id 0 is not "seen"
+    assert _seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(top_p=0.5)) is None

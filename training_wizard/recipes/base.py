@@ -16,6 +16,7 @@ from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION
 RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
     "ppo": "training_wizard.recipes.ppo.PPORecipe",
+    "grpo": "training_wizard.recipes.grpo.GRPORecipe",
     "evaluate": "training_wizard.recipes.evaluate.EvaluateRecipe",
 }
 

@@ -25,6 +25,7 @@ from training_wizard.rollout.backends import Completions, DecodeLoopBackend, Gen
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts
 from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
 
@@ -47,6 +48,8 @@ class SamplingSettings:
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
+    filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
+    reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ class RolloutCollector:
                 logprobs = completions.sampling_logprobs
             else:
                 logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
-            ref_logprobs = self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+            ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+                            if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
             extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
         if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
@@ -160,7 +164,7 @@ class RolloutCollector:
         """Completions (B, T) truncated after the stop token, from the generation backend."""
         settings = self.settings
         params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id,
-                                  settings.pad_token_id)
+                                  settings.pad_token_id, settings.filters)
         return sample_completions(
             self.backend, engine.model, prompt_ids, prompt_mask, params, seeds, sharded=engine.sharded,
             all_finished=self.collectives.all_true if engine.sharded else None, agree_width=self.collectives.max_int,

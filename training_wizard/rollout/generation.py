@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from training_wizard.rollout.sampling import greedy_with_logprobs, sample_with_logprobs
+from training_wizard.rollout.sampling import SamplingFilters, greedy_with_logprobs, sample_with_logprobs
 
 
 @dataclass
@@ -23,6 +23,7 @@ class GenerationParams:
     temperature: float
     stop_token_id: int | None
     pad_token_id: int
+    filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty (rollout/sampling.py)
 
 
 def last_positions(end: int, count: int, device) -> torch.Tensor:
@@ -103,11 +104,15 @@ def sample(
     running = torch.arange(batch, device=prompt_ids.device)  # the batch rows still in the forward pass, in order
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
+    seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1], params.filters)
     for step in range(params.max_new_tokens):
         if params.temperature == 0:  # greedy (evaluation); training always samples
             drawn, drawn_logprob = greedy_with_logprobs(logits)
         else:
-            drawn, drawn_logprob = sample_with_logprobs(logits, params.temperature, keys[running], step)
+            drawn, drawn_logprob = sample_with_logprobs(logits, params.temperature, keys[running], step,
+                                                        params.filters, seen[running] if seen is not None else None)
+        if seen is not None:
+            seen[running, drawn] = True
         token = torch.full((batch,), params.pad_token_id, dtype=drawn.dtype, device=drawn.device)
         logprob = torch.zeros(batch, dtype=drawn_logprob.dtype, device=drawn_logprob.device)
         token[running], logprob[running] = drawn, drawn_logprob
@@ -138,6 +143,16 @@ def sample(
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
+
+
+def _seen_tokens(prompt_ids, prompt_mask, vocab: int, filters: SamplingFilters | None) -> torch.Tensor | None:
+    """(B, V) bool: the tokens of each row's prompt, which the repetition penalty applies to (as transformers
+    does) and to which each drawn token is added; None when there is no penalty."""
+    if filters is None or filters.repetition_penalty == 1.0:
+        return None
+    seen = torch.zeros(prompt_ids.shape[0], vocab + 1, dtype=torch.bool, device=prompt_ids.device)
+    seen.scatter_(1, torch.where(prompt_mask.bool(), prompt_ids, vocab), True)  # padding lands in the extra column
+    return seen[:, :vocab].contiguous()
 
 
 # Rows that stopped leave the decode's forward pass once they are this share of it: dropping them copies the

@@ -16,6 +16,9 @@ tensors are the scaled logits and their weights.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -51,6 +54,56 @@ def keyed_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     return bits.to(torch.float64) / float(1 << 53)
 
 
+@dataclass(frozen=True)
+class SamplingFilters:
+    """Truncations of the sampling distribution (names as in TRL 1.x and transformers' generation config).
+
+    top_k: keep the k most likely tokens (0: off); top_p: keep the smallest set of most likely tokens whose
+    probability reaches top_p (nucleus sampling, Holtzman et al. 2020; 1.0: off); min_p: keep tokens at least
+    min_p times as likely as the most likely one (None: off); repetition_penalty: divide the positive logits (and
+    multiply the negative ones) of tokens already in the prompt or the completion by it, before the temperature
+    (the CTRL paper, Keskar et al. 2019; 1.0: off). Applied in transformers' order: penalty, temperature, top_k,
+    top_p, min_p, each on what the previous left.
+    """
+
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p is not None or self.repetition_penalty != 1.0
+
+
+def filtered_logits(
+    logits: torch.Tensor, temperature: float, filters: SamplingFilters, seen: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 logits / temperature with the filtered-out tokens at -inf: softmax of the result is the
+    distribution a token is then drawn from. logits: (B, V); seen: (B, V) bool, the tokens the repetition penalty
+    applies to (needed when it is not 1). Every operation is per row, so a row's result does not depend on the
+    other rows of its batch. At least one token (the most likely) is always kept."""
+    scaled = logits.float()
+    if filters.repetition_penalty != 1.0:
+        penalised = torch.where(scaled > 0, scaled / filters.repetition_penalty, scaled * filters.repetition_penalty)
+        scaled = torch.where(seen, penalised, scaled)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    if filters.top_k > 0 and filters.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, filters.top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if filters.top_p < 1.0:
+        ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+        before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # mass of the more likely tokens
+        drop = before >= filters.top_p
+        drop[:, 0] = False
+        scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    if filters.min_p is not None:
+        peak = scaled.amax(dim=-1, keepdim=True)
+        scaled = scaled.masked_fill(scaled < peak + math.log(filters.min_p), float("-inf"))
+    return scaled
+
+
 def sample_from_logits(logits: torch.Tensor, temperature: float, keys: torch.Tensor, step: int) -> torch.Tensor:
     """One token per row from softmax(logits / temperature), by inverse CDF at the row's keyed uniform.
 
@@ -60,16 +113,22 @@ def sample_from_logits(logits: torch.Tensor, temperature: float, keys: torch.Ten
 
 
 def sample_with_logprobs(
-    logits: torch.Tensor, temperature: float, keys: torch.Tensor, step: int
+    logits: torch.Tensor, temperature: float, keys: torch.Tensor, step: int,
+    filters: SamplingFilters | None = None, seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_from_logits`'s tokens (B,) and their float32 log-probabilities under softmax(logits / temperature).
+    """`sample_from_logits`'s tokens (B,) and their float32 log-probabilities under softmax(logits / temperature),
+    or with `filters` under the truncated distribution `filtered_logits` gives (renormalised over the kept tokens:
+    the distribution each token was really drawn from).
 
     One pass over the vocabulary makes the unnormalised weights exp(scaled - row max), which both the draw (the
     inverse CDF needs no normalised probabilities: the target is scaled by the total instead) and the
     log-normaliser (row max + log total) use, where a softmax, a float64 copy of the probabilities and a separate
     log-sum-exp each went over the (B, V) logits at every token step (`bench/decode.py` measures the decode loop).
     """
-    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if filters is not None and filters.active:
+        scaled = filtered_logits(logits, temperature, filters, seen)
+    else:
+        scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
     peak = scaled.amax(dim=-1, keepdim=True)
     weights = (scaled - peak).exp_()
     rows, vocab = weights.shape

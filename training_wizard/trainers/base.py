@@ -155,6 +155,7 @@ class OnPolicyTrainer(UpdateLoop):
             gather_weights_for_generation=config.ds3_gather_for_generation,
             logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
+            reference_logprobs=config.uses_reference, filters=config.sampling_filters(),
         )
 
     def _stop_token_id(self) -> int | None:

@@ -1,4 +1,4 @@
-"""Training configs (RLOOConfig) and the batch glossary, derived in one place.
+"""Training configs (RLOOConfig, PPOConfig, GRPOConfig) and the batch glossary, derived in one place.
 
 Names and defaults follow TRL's RLOO trainer docs (PPOv2 era); the newer TRL names are accepted as
 aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
@@ -9,8 +9,8 @@ Batch glossary, all counts of *completions* unless named otherwise:
     batch_size         = local_batch_size * world_size                            (per iteration, all processes)
     local_mini_batch   = local_batch_size / num_mini_batches    (one optimizer step, per process)
     micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
-    local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration)
-    prompts/iteration  = batch_size / rloo_k
+    local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
+    prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
     iterations         = ceil(total_episodes / batch_size)
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -90,6 +90,19 @@ class OnPolicyConfig(Spec):
         validation_alias=_alias("response_length", "max_completion_length"),
     )
     temperature: PositiveFloat = Field(0.7, description="Sampling temperature; logprobs use the same temperature.")
+    top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens only; 0 keeps them all.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0, description="Nucleus sampling: from the fewest most likely tokens whose probability "
+        "reaches top_p; 1.0 keeps them all."
+    )
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="Drop tokens less likely than min_p times the most likely one; null: off."
+    )
+    repetition_penalty: PositiveFloat = Field(
+        1.0, description="Divide the positive logits (multiply the negative ones) of tokens already in the prompt "
+        "or completion by this while sampling (the CTRL paper); 1.0: off. The filters shape only the sampling: "
+        "the losses and the KL use the policy's own distribution at the temperature, as TRL does."
+    )
     stop_token: Literal["eos"] | None = Field(
         "eos", description='"eos": truncate each completion after its first EOS token and mask what follows.'
     )
@@ -205,6 +218,19 @@ class OnPolicyConfig(Spec):
                              "set logprobs_from_sampling = \"auto\" or false")
         return self
 
+    @model_validator(mode="after")
+    def _filters_need_recomputed_logprobs(self):
+        if self.logprobs_from_sampling is True and self.sampling_filters().active:
+            raise ValueError("logprobs_from_sampling takes the logprobs of the truncated sampling distribution "
+                             "(top_k, top_p, min_p, repetition_penalty), not the policy's; set it to false")
+        return self
+
+    def sampling_filters(self):
+        from training_wizard.rollout.sampling import SamplingFilters
+
+        return SamplingFilters(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                               repetition_penalty=self.repetition_penalty)
+
     @property
     def single_update_pass(self) -> bool:
         """One epoch of one mini-batch: the update sees each rollout once, with the weights that sampled it, so
@@ -219,7 +245,7 @@ class OnPolicyConfig(Spec):
             raise UserError(
                 f"training: local_batch_size ({local} = per_device_train_batch_size {self.per_device_train_batch_size}"
                 f" x gradient_accumulation_steps {self.gradient_accumulation_steps} x num_mini_batches"
-                f" {self.num_mini_batches}) must be a multiple of rloo_k ({group})"
+                f" {self.num_mini_batches}) must be a multiple of {self.group_key} ({group})"
             )
         batch = local * world_size
         total = self.total_episodes
@@ -239,9 +265,16 @@ class OnPolicyConfig(Spec):
             num_iterations=math.ceil(total / batch),
         )
 
+    group_key: ClassVar[str] = "rloo_k"  # the key that sets group_size(), for error messages
+
     def group_size(self) -> int:
-        """Completions sampled per prompt (rloo_k for RLOO, 1 for PPO)."""
+        """Completions sampled per prompt (rloo_k for RLOO, num_generations for GRPO, 1 for PPO)."""
         return 1
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the run needs a reference model and its logprob pass (GRPO: only when beta > 0)."""
+        return True
 
 
 class RLOOConfig(OnPolicyConfig):
@@ -300,6 +333,145 @@ class PPOConfig(OnPolicyConfig):
             raise ValueError("set either non_eos_penalty (replace the score) or missing_eos_penalty (subtract from "
                              "it), not both")
         return self
+
+
+class GRPOConfig(OnPolicyConfig):
+    """GRPO options, with TRL 1.x's GRPOConfig names and defaults (TRL's GRPO trainer docs; DeepSeekMath, DAPO,
+    Dr. GRPO, GSPO and CISPO for the loss variants; docs/algorithms.md gives the formulas).
+
+    num_generations completions per prompt; advantages are each reward minus its group's mean, scaled by
+    scale_rewards; the loss is PPO's clipped ratio per token, aggregated by loss_type; the KL to a reference is a
+    loss term weighted by beta (0 by default: no reference model at all).
+    """
+
+    num_generations: int = Field(
+        8, ge=2, description="Completions sampled per prompt: one group, whose mean reward is each one's baseline."
+    )
+    num_mini_batches: PositiveInt = Field(
+        1, description="Optimizer steps per pass over one rollout batch. steps_per_generation sets it when given."
+    )
+    steps_per_generation: PositiveInt | None = Field(
+        None,
+        description="TRL's count of forward/backward passes per generation: a multiple of "
+        "gradient_accumulation_steps, setting num_mini_batches = steps_per_generation / gradient_accumulation_steps. "
+        "Default: gradient_accumulation_steps (one optimizer step per generation).",
+    )
+    generation_batch_size: PositiveInt | None = Field(
+        None,
+        description="Completions per generation over all processes (TRL): per_device_train_batch_size x processes "
+        "x steps_per_generation; resolved into num_mini_batches (which it overrides) once the number of processes "
+        "is known.",
+    )
+    num_ppo_epochs: PositiveInt = Field(
+        1,
+        description="Passes over each rollout batch (TRL name: num_iterations). With one mini-batch and 1 pass the "
+        "ratio is exactly 1 and the old logprobs are the update's own, detached.",
+        validation_alias=_alias("num_ppo_epochs", "num_iterations"),
+    )
+    learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate.")
+    response_length: PositiveInt = Field(
+        512,
+        description="Maximum new tokens per completion (TRL name: max_completion_length); dr_grpo divides by it.",
+        validation_alias=_alias("response_length", "max_completion_length"),
+    )
+    temperature: PositiveFloat = Field(1.0, description="Sampling temperature; logprobs use the same temperature.")
+    kl_coef: NonNegativeFloat = Field(
+        0.0,
+        description="beta: weight of the per-token k3 KL to the reference, added to the loss (DeepSeekMath). 0: no "
+        "reference model is loaded and no reference pass is made ([ref_model] is then not loaded either).",
+        validation_alias=_alias("kl_coef", "beta"),
+    )
+    kl_estimator: Literal["k3"] = Field(
+        "k3", description="The KL estimator of the loss term and of objective/kl: k3 = (r - 1) - log r, r = q / p."
+    )
+    epsilon_high: PositiveFloat | None = Field(
+        None,
+        description="Upper clip: the ratio of a positive advantage is clipped at 1 + epsilon_high (DAPO's "
+        "clip-higher, which suggests 0.28); cispo caps its weight at epsilon_high itself. Default: epsilon.",
+    )
+    delta: float | None = Field(
+        None, gt=1.0, description="Cap the unclipped ratio at delta (INTELLECT-2's two-sided clipping; above "
+        "1 + epsilon), so a negative advantage cannot push an unbounded ratio. Not used by cispo.",
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description='"token": one ratio per token; "sequence": each token carries its sequence\'s ratio, exp of the '
+        "mean per-token log-ratio (GSPO, which uses epsilon around 3e-4 to 4e-4).",
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"] = Field(
+        "dapo",
+        description="Loss aggregation: grpo = mean of per-sequence token means; bnpo = token mean over this "
+        "process's mini-batch; dr_grpo = token sum / (sequences x response_length); dapo = token mean over the "
+        "whole optimizer step on every process; cispo = dapo's aggregation of the capped-weight REINFORCE loss.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description='Divide advantages by the group\'s reward std ("group"), the batch\'s ("batch"), or not '
+        '("none", Dr. GRPO). true/false are read as "group"/"none" (older TRL).',
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Completions without the stop token (cut at response_length) carry no loss (DAPO)."
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling without the refill: groups whose rewards are all equal (zero "
+        "advantage) are left out of the loss and of the token counts it divides by. The batch is not topped up "
+        "with new groups, so an iteration trains on fewer completions; frac_reward_zero_std says how many fewer.",
+    )
+    top_entropy_quantile: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Train only on the tokens whose entropy is in this top share of the micro-batch's tokens on "
+        "every process (0.2: the 20% highest; \"Beyond the 80/20 Rule\"). 1.0 keeps every token.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_scale_rewards(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("scale_rewards"), bool):
+            data = {**data, "scale_rewards": "group" if data["scale_rewards"] else "none"}
+        return data
+
+    @model_validator(mode="after")
+    def _grpo_options(self) -> GRPOConfig:
+        if self.whiten_rewards:
+            raise ValueError("whiten_rewards is an RLOO/PPO option; GRPO scales rewards with scale_rewards")
+        if self.steps_per_generation is not None:
+            if self.steps_per_generation % self.gradient_accumulation_steps:
+                raise ValueError(f"steps_per_generation ({self.steps_per_generation}) must be a multiple of "
+                                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps})")
+            derived = self.steps_per_generation // self.gradient_accumulation_steps
+            if "num_mini_batches" in self.model_fields_set and self.num_mini_batches != derived:
+                raise ValueError(f"steps_per_generation ({self.steps_per_generation}) means num_mini_batches = "
+                                 f"{derived}, but num_mini_batches is {self.num_mini_batches}; set one of them")
+            object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
+        return self
+
+    group_key: ClassVar[str] = "num_generations"
+
+    def group_size(self) -> int:
+        return self.num_generations
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0.0
+
+    def for_processes(self, world_size: int) -> GRPOConfig:
+        """This config with generation_batch_size resolved into num_mini_batches for `world_size` processes."""
+        if self.generation_batch_size is None:
+            return self
+        per_step = self.per_device_train_batch_size * world_size * self.gradient_accumulation_steps
+        if self.generation_batch_size % per_step:
+            raise UserError(
+                f"training: generation_batch_size ({self.generation_batch_size}) must be a multiple of "
+                f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
+            )
+        return self.model_copy(update={"num_mini_batches": self.generation_batch_size // per_step,
+                                       "generation_batch_size": None})
+
+    def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
+        if self.generation_batch_size is not None:
+            return self.for_processes(world_size).batch_plan(world_size, dataset_rows)
+        return super().batch_plan(world_size, dataset_rows)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,10 @@ def prepare_models(
     for model in (*trained.values(), ref_policy, reward if isinstance(reward, torch.nn.Module) else None):
         if model is not None:
             disable_dropout(model)
-    uses_adapter_as_reference = ref_policy is None and hasattr(policy, "disable_adapter")
-    if ref_policy is None and not uses_adapter_as_reference:
+    if not config.uses_reference:  # GRPO with beta = 0: no reference model, no reference pass
+        ref_policy = None
+    uses_adapter_as_reference = config.uses_reference and ref_policy is None and hasattr(policy, "disable_adapter")
+    if config.uses_reference and ref_policy is None and not uses_adapter_as_reference:
         if is_partitioned(policy):
             raise UserError("ref_policy: under DeepSpeed ZeRO-3 the policy's weights are partitioned and cannot "
                             "be copied; pass ref_policy (the same model loaded a second time)")
@@ -130,14 +132,16 @@ def resolve_logprobs_from_sampling(config: OnPolicyConfig, accelerator: Accelera
     whose decode runs a sharded forward step by step, so that the process count moves the sampled logprobs'
     rounding more than the recompute's (FSDP2, two processes against one: final weights 1.8e-5 apart with them,
     4.4e-6 with the recompute). vLLM (`use_vllm`) samples with kernels of its own: off; its logprobs are the
-    sampling logprobs of the importance-sampling correction.
+    sampling logprobs of the importance-sampling correction. Sampling filters (top_k, top_p, min_p,
+    repetition_penalty) make the sampling distribution another one than the policy's: off.
     """
     choice = config.logprobs_from_sampling
     if choice != "auto":
         return bool(choice)
     all_float32 = all(p.dtype == torch.float32 for p in policy.parameters())
     no_autocast = accelerator.mixed_precision == "no"
-    return all_float32 and no_autocast and not engine_kind(accelerator) and not config.use_vllm
+    unfiltered = not config.sampling_filters().active
+    return all_float32 and no_autocast and unfiltered and not engine_kind(accelerator) and not config.use_vllm
 
 
 def configure_deepspeed(accelerator: Accelerator, config: OnPolicyConfig) -> None:

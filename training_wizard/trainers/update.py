@@ -59,7 +59,9 @@ class UpdateLoop:
         ratios: list[torch.Tensor] = []
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
+            step_tokens = self.step_token_counts(rollout, shaped, order)
             for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
+                self.step_tokens = step_tokens[mini] if step_tokens is not None else None
                 # non-finite logits, loss: guards.MINI_BATCH_TENSORS without the gradient (checked at the step)
                 flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)
                 for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
@@ -73,6 +75,12 @@ class UpdateLoop:
                    for key, values in stats.items()}
         summary.update(self._ratio_summary(ratios))
         return summary
+
+    def step_token_counts(self, rollout: Rollout, shaped: ShapedRewards, order: torch.Tensor) -> list | None:
+        """Per mini-batch of this epoch's `order`, what a loss normalised by the whole optimizer step's token count
+        needs to know before its first micro-batch (GRPO's dapo/bnpo); set as `self.step_tokens` for each
+        mini-batch in turn. Called on every process at the same point (it may run a collective). None: unused."""
+        return None
 
     def _micro_step(self, rollout, shaped: ShapedRewards, index, stats, flags: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its real ratios (flattened) for val/ratio."""

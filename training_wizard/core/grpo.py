@@ -1,0 +1,250 @@
+"""GRPO's group advantages, importance weights, per-token clipped loss and loss aggregation.
+
+Sources: "DeepSeekMath" (Shao et al. 2024, GRPO), "DAPO" (Yu et al. 2025: clip-higher, token-level loss, dynamic
+sampling, overlong filtering), "Understanding R1-Zero-Like Training" (Liu et al. 2025, Dr. GRPO), "Group Sequence
+Policy Optimization" (Zheng et al. 2025, GSPO), "MiniMax-M1" (2025, CISPO), "INTELLECT-2" (two-sided clipping,
+`delta`), "Beyond the 80/20 Rule" (Wang et al. 2025, training on the highest-entropy tokens), and TRL's GRPO
+trainer docs, whose option names these functions take.
+
+B = completions, T = response width. Rows are in the (group_size, prompts) layout of the rest of the package:
+completion j of prompt p at row j * P + p. `mask` (B, T) bool is True at the tokens that carry loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from training_wizard.core.advantages import Moments, ShapedRewards, local_moments
+from training_wizard.core.kl import kl_per_token
+from training_wizard.core.masking import masked_mean, masked_sum
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+# Added to the standard deviation before dividing, as TRL's GRPO trainer does: a group whose rewards all agree
+# gets advantage 0, not 0 / 0.
+STD_EPSILON = 1e-4
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", moments: Moments = local_moments
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO advantages: each reward minus its group's mean, divided by a standard deviation (DeepSeekMath eq. 3).
+
+    rewards: (group_size * P,) in the (group_size, prompts) layout -> (advantages (B,), std_is_zero (B,) bool).
+    scale_rewards: "group" divides by the group's standard deviation (the paper), "batch" by the whole batch's
+    (`moments` gives it over every process; "A Tricks or Traps? A Deep Dive into RL for LLM Reasoning" argues for
+    it), "none" does not divide (Dr. GRPO: the division favours groups that are nearly all right or all wrong).
+    Standard deviations are unbiased (n - 1), and STD_EPSILON is added before dividing. `std_is_zero` marks rows
+    whose scale (the group's, or the batch's for "batch") is zero: TRL's `frac_reward_zero_std` is its mean.
+    """
+    grid = rewards.reshape(group_size, -1)
+    centred = (grid - grid.mean(0, keepdim=True)).reshape(rewards.shape)
+    if scale_rewards == "batch":
+        std = moments(rewards)[1].clamp(min=0).sqrt().expand_as(rewards)
+    elif scale_rewards in ("group", "none"):
+        std = grid.std(0, unbiased=True, keepdim=True).expand_as(grid).reshape(rewards.shape)
+    else:
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch' or 'none'")
+    advantages = centred if scale_rewards == "none" else centred / (std + STD_EPSILON)
+    return advantages, torch.isclose(std, torch.zeros_like(std))
+
+
+def importance_log_weights(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """log of the importance ratio each token's loss uses. logprobs (with gradient), old_logprobs: (B, T) -> (B, T).
+
+    "token": log pi(y_t) - log pi_old(y_t), per token (PPO, GRPO).
+    "sequence" (GSPO): the sequence's mean per-token log-ratio s_i = (1/|y_i|) sum_t (log pi - log pi_old), written
+    per token as sg[s_i] + log pi(y_t) - sg[log pi(y_t)] (the GSPO paper's GSPO-token form, sg = stop gradient):
+    every token of a sequence carries the value s_i, and the gradient of exp(.) at token t is exp(s_i) grad log
+    pi(y_t). With one advantage per sequence this is GSPO's gradient under every loss aggregation here (TRL's
+    (B, 1) sequence weight broadcast over the tokens gives the same numbers).
+    """
+    log_ratio = logprobs - old_logprobs
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        sequence = masked_mean(log_ratio.detach(), mask, dim=-1).unsqueeze(-1)
+        return sequence + logprobs - logprobs.detach()
+    raise ValueError(f"unknown importance_sampling_level {level!r}; expected 'token' or 'sequence'")
+
+
+@dataclass(frozen=True)
+class GRPOLossOptions:
+    """The loss options of GRPOConfig (TRL's names). epsilon_high None means epsilon (symmetric clipping)."""
+
+    loss_type: str = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    beta: float = 0.0
+
+    @property
+    def upper(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+@dataclass
+class PerTokenLoss:
+    """per_token: (B, T) loss of each token, with gradient (KL term included); ratio: (B, T) the importance ratio
+    that was clipped, detached; low_clipped / high_clipped: (B, T) bool, where the clip took the ratio's gradient
+    away (ratio below 1 - epsilon with a negative advantage, above 1 + epsilon_high with a positive one; CISPO: above
+    epsilon_high with a positive advantage); kl: (B, T) the per-token k3 KL to the reference, detached (zeros when
+    beta is 0)."""
+
+    per_token: torch.Tensor
+    ratio: torch.Tensor
+    low_clipped: torch.Tensor
+    high_clipped: torch.Tensor
+    kl: torch.Tensor
+
+
+def per_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    options: GRPOLossOptions,
+    ref_logprobs: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
+) -> PerTokenLoss:
+    """Each token's GRPO loss. logprobs (with gradient), old_logprobs, ref_logprobs: (B, T); advantages: (B,).
+
+    Clipped losses (grpo, bnpo, dr_grpo, dapo): -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A), where r is
+    first capped at `delta` when set (INTELLECT-2's two-sided clip: a negative advantage can no longer push an
+    unbounded ratio). cispo (MiniMax-M1): -sg[min(r, epsilon_high)] A log pi(y_t), every token keeps a gradient,
+    only its weight is capped (TRL's convention: the cap is epsilon_high itself, not 1 + epsilon_high).
+    `token_weights` (B, T), e.g. the top-entropy mask, multiply the policy term. With beta > 0 the k3 estimate of
+    KL(pi || pi_ref) = exp(ref - logp) - (ref - logp) - 1 is added per token times beta (DeepSeekMath eq. 4).
+    """
+    log_weights = importance_log_weights(logprobs, old_logprobs, mask, options.importance_sampling_level)
+    ratio = torch.exp(log_weights)
+    gain = advantages.unsqueeze(-1)
+    if options.loss_type == "cispo":
+        capped = torch.clamp(ratio, max=options.upper).detach()
+        loss = -capped * gain * logprobs
+        low_clipped = torch.zeros_like(mask)
+        high_clipped = (ratio.detach() > options.upper) & (gain > 0)
+    elif options.loss_type in LOSS_TYPES:
+        clipped = torch.clamp(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
+        unclipped = ratio if options.delta is None else torch.clamp(ratio, max=options.delta)
+        loss = -torch.min(unclipped * gain, clipped * gain)
+        low_clipped = (ratio.detach() < 1.0 - options.epsilon) & (gain < 0)
+        high_clipped = (ratio.detach() > 1.0 + options.upper) & (gain > 0)
+    else:
+        raise ValueError(f"unknown loss_type {options.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
+    if token_weights is not None:
+        loss = loss * token_weights
+    kl = torch.zeros_like(logprobs).detach()
+    if options.beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs the reference's logprobs")
+        kl_term = kl_per_token(logprobs, ref_logprobs, "k3")
+        loss = loss + options.beta * kl_term
+        kl = kl_term.detach()
+    return PerTokenLoss(loss, ratio.detach(), low_clipped & mask, high_clipped & mask, kl)
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    """Loss tokens of the optimizer step a micro-batch belongs to. local: this process's mini-batch (every
+    accumulation micro-batch); world: the same over every process; micro_batches: how many micro-batch losses the
+    step's gradient averages (gradient_accumulation_steps x processes: accelerate divides each loss by the
+    accumulation steps, data parallel averages over processes)."""
+
+    local: float
+    world: float
+    accumulation_steps: int
+    processes: int
+
+
+def aggregate_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, step: StepTokens, max_completion_length: int
+) -> torch.Tensor:
+    """One micro-batch's loss, scaled so that the step's averaged gradient is the loss_type's full-batch gradient.
+
+    per_token, mask: (B, T) -> scalar. The update averages the micro-batch losses of a step over accumulation and
+    processes (StepTokens); per loss_type the step's loss is:
+    - grpo (DeepSeekMath): each sequence's token mean, averaged over sequences;
+    - dr_grpo (Dr. GRPO): the token sum divided by sequences x max_completion_length (a constant: no length bias);
+    - dapo (DAPO, TRL's default) and cispo: the token sum over the whole step, every process, divided by that
+      step's token count: every token weighs the same whatever its sequence's length or micro-batch;
+    - bnpo: the same with this process's mini-batch token count (TRL's bnpo divides by the micro-batch's count, so
+      its gradient changes with the accumulation split; this one does not, and with one process equals dapo).
+    grpo and dr_grpo are means over equal-sized micro-batches, so plain averaging already gives the full batch.
+    """
+    total = masked_sum(per_token, mask).sum()
+    if loss_type == "grpo":
+        return masked_mean(per_token, mask, dim=-1).mean()
+    if loss_type == "dr_grpo":
+        return total / (per_token.shape[0] * max_completion_length)
+    if loss_type in ("dapo", "cispo"):
+        return total * (step.accumulation_steps * step.processes) / max(step.world, 1.0)
+    if loss_type == "bnpo":
+        return total * step.accumulation_steps / max(step.local, 1.0)
+    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float, pool: torch.Tensor) -> torch.Tensor:
+    """Tokens at or above the (1 - quantile) quantile of `pool`'s entropies ("Beyond the 80/20 Rule"; TRL's
+    `top_entropy_quantile`): quantile 0.2 keeps the 20% most uncertain tokens. entropy, mask: (B, T); pool: (N,)
+    the entropies the threshold is taken over (the micro-batch's real tokens on every process) -> (B, T) bool."""
+    if quantile >= 1.0 or pool.numel() == 0:
+        return mask.clone()
+    threshold = torch.quantile(pool.float(), 1.0 - quantile)
+    return (entropy >= threshold) & mask
+
+
+def truncation_mask(mask: torch.Tensor, has_stop: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (TRL's `mask_truncated_completions`): a completion cut off by the length limit
+    (no stop token) carries no loss. mask: (B, T) bool, has_stop: (B,) bool -> (B, T) bool."""
+    return mask & has_stop.unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class GRPOShapedRewards(ShapedRewards):
+    """ShapedRewards with what GRPO's update and metrics need besides: std_is_zero (B,) bool (the row's reward
+    scale was zero); loss_mask (B, T) bool (response tokens that carry loss: truncated completions left out under
+    mask_truncated_completions); ref_logprobs (B, T) for the KL term (the policy's own when beta is 0)."""
+
+    std_is_zero: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+
+def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: the rows whose group's rewards are all equal (DAPO's dynamic sampling filters these groups out:
+    their advantages are all 0, so they carry no policy gradient). rewards in the (group_size, prompts) layout."""
+    grid = rewards.reshape(group_size, -1)
+    return (grid == grid[:1]).all(0, keepdim=True).expand_as(grid).reshape(rewards.shape)
+
+
+def grpo_shaped_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    has_stop: torch.Tensor,
+    group_size: int,
+    scale_rewards: str = "group",
+    mask_truncated_completions: bool = False,
+    moments: Moments = local_moments,
+    drop_constant_groups: bool = False,
+) -> GRPOShapedRewards:
+    """GRPO's advantages of one rollout: `group_advantages` of the scores, one per completion (B,). The KL to the
+    reference is a loss term (`per_token_loss`), not part of the reward: non_score_reward is 0 and rlhf_reward
+    the score; `kl` (B,) is the rollout's summed k3 estimate, for the objective/kl metric. `drop_constant_groups`
+    (DAPO's dynamic sampling, without its refill) leaves groups whose rewards are all equal out of the loss mask:
+    out of the token counts the dapo/bnpo losses divide by, and out of the KL term."""
+    advantages, std_is_zero = group_advantages(scores, group_size, scale_rewards, moments)
+    kl = masked_sum(kl_per_token(logprobs, ref_logprobs, "k3"), mask)
+    loss_mask = truncation_mask(mask, has_stop) if mask_truncated_completions else mask
+    if drop_constant_groups:
+        loss_mask = loss_mask & ~constant_groups(scores, group_size).unsqueeze(-1)
+    return GRPOShapedRewards(
+        advantages=advantages, kl=kl, non_score_reward=torch.zeros_like(scores), rlhf_reward=scores,
+        std_is_zero=std_is_zero, loss_mask=loss_mask, ref_logprobs=ref_logprobs,
+    )

@@ -1,0 +1,133 @@
+"""GRPOTrainer: Group Relative Policy Optimization on the shared on-policy loop (TRL's GRPO trainer; DeepSeekMath,
+Shao et al. 2024; the variants of DAPO, Dr. GRPO, GSPO and CISPO through `loss_type` and its neighbours).
+
+What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
+- step 6, `shape_rewards`: group advantages (reward minus the group mean, scaled by `scale_rewards`), one per
+  completion; the KL to the reference is no reward term here but a loss term (`beta`);
+- step 7, `micro_batch_loss`: the clipped per-token loss aggregated by `loss_type`; the dapo/bnpo/cispo token
+  counts of each optimizer step are taken before its first micro-batch (`step_token_counts`), so gradient
+  accumulation and several processes give the whole step's gradient;
+- TRL's GRPO metric names beside the shared ones (`reward`, `reward_std`, `frac_reward_zero_std`,
+  `completions/clipped_ratio`, `clip_ratio/*`, `entropy`, `kl`, `rewards/<name>/mean`).
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+
+from training_wizard.core.advantages import ShapedRewards, local_moments
+from training_wizard.core.grpo import (
+    GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
+)
+from training_wizard.rollout.record import Rollout
+from training_wizard.trainers.base import OnPolicyTrainer
+from training_wizard.trainers.config import GRPOConfig
+from training_wizard.trainers.update import MicroBatchLoss
+
+
+class GRPOTrainer(OnPolicyTrainer):
+    """num_generations completions per prompt; each one's advantage is its reward minus its group's mean.
+
+    `GRPOTrainer(config=GRPOConfig(...), tokenizer=..., policy=..., reward_model=..., train_dataset=...,
+    ref_policy=..., eval_dataset=...)`, then `.train()`. `reward_model` is as for RLOOTrainer (a sequence
+    classifier, a RewardSpec or a callable). With beta = 0 (the default) no reference is used and `ref_policy` is
+    ignored; with beta > 0 and no `ref_policy`, a LoRA policy's base (adapter disabled) or a frozen copy of the
+    starting policy is the reference.
+    """
+
+    config: GRPOConfig
+
+    def __init__(self, config: GRPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
+                 eval_dataset=None, accelerator: Accelerator | None = None):
+        accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        self.loss_options = GRPOLossOptions(
+            loss_type=config.loss_type, epsilon=config.cliprange, epsilon_high=config.epsilon_high,
+            delta=config.delta, importance_sampling_level=config.importance_sampling_level, beta=config.kl_coef,
+        )
+        self.step_tokens: StepTokens | None = None
+        super().__init__(config=config.for_processes(accelerator.num_processes), tokenizer=tokenizer,
+                         policy=policy, reward_model=reward_model, train_dataset=train_dataset,
+                         ref_policy=ref_policy, eval_dataset=eval_dataset, accelerator=accelerator)
+
+    # -- step 6 ------------------------------------------------------------------------------------------------
+    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+        config = self.config
+        return grpo_shaped_rewards(
+            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.response_mask, rollout.has_stop,
+            config.num_generations, config.scale_rewards, config.mask_truncated_completions,
+            moments=self.collectives.global_moments(local_moments), drop_constant_groups=config.dynamic_sampling,
+        )
+
+    # -- step 7 ------------------------------------------------------------------------------------------------
+    def step_token_counts(self, rollout: Rollout, shaped, order: torch.Tensor) -> list[StepTokens]:
+        """Loss tokens of each mini-batch of this epoch, on this process and over all: one all-reduce per epoch."""
+        plan = self.plan
+        per_row = shaped.loss_mask.sum(-1).float()[order.to(shaped.loss_mask.device)]
+        local = per_row.reshape(-1, plan.local_mini_batch_size).sum(-1)
+        world = self.collectives.sum(local.to(self.accelerator.device))
+        return [StepTokens(float(mine), float(every), self.config.gradient_accumulation_steps, plan.world_size)
+                for mine, every in zip(local.tolist(), world.tolist())]
+
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
+        config, mask = self.config, shaped["loss_mask"]
+        token, old = self.policy_logprobs(rows)
+        weights = None
+        if config.top_entropy_quantile < 1.0:
+            weights = high_entropy_mask(token.entropy, mask, config.top_entropy_quantile,
+                                        self._entropy_pool(token.entropy, mask))
+        correction = self.sampling_correction(rows)  # vLLM sampled: weigh the policy term as TRL's GRPO does
+        if correction is not None:
+            weights = correction.token if weights is None else weights * correction.token
+        out = per_token_loss(token.logprobs, old, shaped["advantages"], mask, self.loss_options,
+                             ref_logprobs=shaped["ref_logprobs"], token_weights=weights)
+        loss = aggregate_loss(out.per_token, mask, config.loss_type, self.step_tokens, config.response_length)
+        log_ratio = (token.logprobs.detach() - old).float()
+        clipped = (out.low_clipped | out.high_clipped).float()
+        step_mean = self._step_token_mean
+        stats = {
+            "loss/policy_avg": loss.detach(),
+            "policy/approxkl_avg": step_mean(0.5 * log_ratio**2, mask),
+            "policy/clipfrac_avg": step_mean(clipped, mask),
+            "clip_ratio/low_mean": step_mean(out.low_clipped.float(), mask),
+            "clip_ratio/high_mean": step_mean(out.high_clipped.float(), mask),
+            "clip_ratio/region_mean": step_mean(clipped, mask),
+            "entropy": step_mean(token.entropy, mask),
+        }
+        if config.kl_coef != 0.0:
+            stats["kl"] = step_mean(out.kl, mask)
+        return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
+
+    def _step_token_mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of a token mean over its whole optimizer step (all micro-batches, every
+        process), scaled like the dapo loss: the update averages the shares, so the metric is the step's token
+        mean whatever the split (a per-micro-batch mean would weigh a micro-batch of few tokens like a full one)."""
+        step = self.step_tokens
+        return (values.detach() * mask).sum() * (step.accumulation_steps * step.processes) / max(step.world, 1.0)
+
+    def _entropy_pool(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The real tokens' entropies of this micro-batch on every process (the top-entropy threshold's sample,
+        as TRL takes it): padded with NaN to one length for the gather, NaN dropped after."""
+        local = entropy[mask].float()
+        length = self.collectives.max_int(local.numel())
+        padded = torch.nn.functional.pad(local, (0, length - local.numel()), value=float("nan"))
+        pooled = self.collectives.gather(padded)
+        return pooled[~torch.isnan(pooled)].to(entropy.device)
+
+    # -- step 8 ------------------------------------------------------------------------------------------------
+    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats, eps, lr, update_seconds) -> dict:
+        """The shared metrics plus TRL's GRPO names for the rollout's rewards and lengths."""
+        metrics = super()._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
+        device = self.accelerator.device
+        mean, variance = self.collectives.global_moments(local_moments)(rollout.scores.float())
+        shares = torch.stack([shaped.std_is_zero.float().mean(), (~rollout.has_stop).float().mean()]).to(device)
+        shares = self.collectives.mean(shares)  # every process holds the same number of rows
+        metrics.update({
+            "reward": float(mean),
+            "reward_std": float(variance.clamp(min=0).sqrt()),
+            "frac_reward_zero_std": float(shares[0]),
+            "completions/clipped_ratio": float(shares[1]),
+        })
+        for name in rollout.components:
+            metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
+        return metrics
