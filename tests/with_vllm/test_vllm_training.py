@@ -161,3 +161,45 @@ def test_kill_9_then_resume_with_vllm_ends_where_the_uninterrupted_run_ends(tmp_
     weights = [load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("whole", "killed")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_grpo_samples_with_vllm_and_weighs_its_policy_term(tokenizer, tmp_path):
+    from training_wizard import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=16, response_length=8,
+                        total_episodes=16 * 3, num_sample_generations=0, learning_rate=1e-2, use_vllm=True,
+                        vllm_importance_sampling_mode="token_truncate")
+    trainer = GRPOTrainer(config=config, tokenizer=tokenizer, policy=vllm_sized_model(tokenizer),
+                          reward_model=distinct_characters, train_dataset=prompts())
+    seen = []
+    original = trainer.sampling_correction
+    trainer.sampling_correction = lambda rows: seen.append(original(rows)) or seen[-1]
+    trainer.train()
+    metrics = read_metrics(tmp_path)
+    assert len(metrics) == 3 and all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
+    assert seen and all(weights is not None and weights.token.shape[0] == 16 for weights in seen)
+
+
+def test_sampling_filters_reach_vllm(tokenizer, tmp_path):
+    """top_k = 3: every token vLLM draws is among the policy's 3 most likely there, and its sampling logprob is
+    that of the distribution renormalised over those 3 (higher than the policy's own)."""
+    from training_wizard.rollout.backends import sample_completions
+    from training_wizard.rollout.generation import GenerationParams
+    from training_wizard.rollout.prompts import EncodedPrompts, row_seed
+    from training_wizard.rollout.vllm import VLLMColocateBackend
+
+    model = vllm_sized_model(tokenizer).eval()
+    backend = VLLMColocateBackend(model, max_model_len=128, seed=0, gpu_memory_utilization=0.3, tensor_parallel_size=1,
+                                  sleep_mode=False, world_size=1, sampling_options={"top_k": 3})
+    ids, mask = EncodedPrompts.from_rows(prompts(8), tokenizer).left_pad(list(range(8)), tokenizer.pad_token_id)
+    params = GenerationParams(6, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    out = sample_completions(backend, model, ids, mask, params, [row_seed(2, 0, i) for i in range(8)])
+    with torch.no_grad():
+        logits = model(torch.cat([ids, out.responses], 1), attention_mask=torch.cat([mask, out.mask], 1).long()).logits
+    logits = logits[:, ids.shape[1] - 1 : -1].float()
+    top3 = logits.topk(3, dim=-1).indices
+    drawn = out.responses.unsqueeze(-1)
+    assert ((top3 == drawn).any(-1) | ~out.mask).all()
+    renormalised = torch.log_softmax(logits.gather(-1, top3), -1)
+    expected = renormalised.gather(-1, (top3 == drawn).float().argmax(-1, keepdim=True)).squeeze(-1)
+    assert (expected - out.sampling_logprobs)[out.mask].abs().max() < 1e-4
