@@ -39,6 +39,7 @@ learning_rate = 2e-4
 kl_coef = 0.1
 normalize_advantage = true
 num_sample_generations = 3
+logprobs_from_sampling = false
 token_level_kl = {token_level}
 """
 

@@ -42,6 +42,9 @@ def make_trainer(tokenizer, tmp_path, reward=distinct, policy=None, **overrides)
     options = dict(
         output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, total_episodes=16,
         response_length=6, num_sample_generations=0, learning_rate=1e-3,
+        # the separate old-logprob pass: the tests' stand-in samplers give no real logprobs, and a first KL of
+        # exactly 0 needs the policy's and the reference's numbers from one kind of pass
+        logprobs_from_sampling=False,
     )
     options.update(overrides)
     return GRPOTrainer(
@@ -97,7 +100,7 @@ def test_equal_rewards_give_zero_std_and_leave_weights_unchanged(tokenizer, tmp_
 
 
 def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.collector as collector_module
+    import training_wizard.rollout.backends as backends_module
     from training_wizard.rollout.generation import Generated
 
     other = tokenizer.eos_token_id + 5
@@ -106,7 +109,7 @@ def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, mo
         tokens = torch.tensor([[other + row % 3, other, other] for row in range(prompt_ids.shape[0])])
         return Generated(tokens, torch.zeros(tokens.shape))
 
-    monkeypatch.setattr(collector_module, "sample", never_stops)
+    monkeypatch.setattr(backends_module, "sample", never_stops)
     policy = build_causal_lm(tokenizer)
     before = copy.deepcopy(policy.state_dict())
     trainer = make_trainer(tokenizer, tmp_path, policy=policy, mask_truncated_completions=True)
@@ -140,9 +143,9 @@ def uneven_lengths(tokenizer):
 def test_gradient_accumulation_ends_where_the_whole_batch_does(tokenizer, tmp_path, loss_type, monkeypatch):
     """8 completions per optimizer step as one micro-batch or as 4 micro-batches of 2 (holding different token
     counts): the same weights, so the token normalisation counts the whole step before its first micro-batch."""
-    import training_wizard.rollout.collector as collector_module
+    import training_wizard.rollout.backends as backends_module
 
-    monkeypatch.setattr(collector_module, "sample", uneven_lengths(tokenizer))
+    monkeypatch.setattr(backends_module, "sample", uneven_lengths(tokenizer))
     finals = []
     for per_device, accumulation in ((8, 1), (2, 4)):
         trainer = make_trainer(tokenizer, tmp_path / f"{per_device}", per_device_train_batch_size=per_device,
