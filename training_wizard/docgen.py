@@ -22,9 +22,11 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.recipes.ppo import PPORecipe
+    from training_wizard.recipes.reward_model import RewardModelRecipe
     from training_wizard.recipes.rloo import RLOORecipe
+    from training_wizard.recipes.sft import SFTRecipe
     from training_wizard.specs import dataset, model, reward, text_metrics
-    from training_wizard.trainers.config import PPOConfig, RLOOConfig, RLOORecipeConfig
+    from training_wizard.trainers.config import PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SFTConfig
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -38,6 +40,9 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         ("[training]", "The RLOO recipe uses `RLOORecipeConfig` (the defaults of training-wizard 1.0's RLOO example "
          "README); the Python API's `RLOOConfig` has TRL's. The PPO recipe and the Python API use `PPOConfig` "
          "(TRL's PPOv2 defaults).", [RLOORecipeConfig, RLOOConfig, PPOConfig]),
+        ("Supervised stages: `recipe_class = \"sft\"` and `\"reward_model\"`", "The recipes of the stages before "
+         "online RL (docs/pipeline.md): their top-level keys, then their `[training]` tables. `[model]` and the "
+         "data tables are the specs above.", [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

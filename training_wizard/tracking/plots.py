@@ -10,11 +10,17 @@ PANEL = [
     "objective/rlhf_reward", "objective/scores", "objective/kl", "objective/non_score_reward", "objective/entropy",
     "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
     "val/ratio", "val/num_eos_tokens", "lr", "eps",
+    # the supervised stages (SFT, reward model): training metrics, then the held-out ones
+    "loss", "mean_token_accuracy", "accuracy", "margin", "grad_norm", "eval/loss", "eval/mean_token_accuracy",
+    "eval/accuracy", "eval/margin",
 ]
+# A record of these keys is plotted: on-policy training records, and the supervised stages' training and held-out
+# records (on-policy evaluation records, eval/scores, are left to report.html).
+PLOTTED_RECORD_KEYS = ("objective/scores", "loss", "eval/loss")
 
 
 def read_records(run_dir: Path) -> list[dict]:
-    """The training records of metrics.jsonl (evaluation records, which have no objective/scores, left out)."""
+    """The records of metrics.jsonl that the panel plots (see PLOTTED_RECORD_KEYS)."""
     path = Path(run_dir) / "metrics.jsonl"
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -22,7 +28,7 @@ def read_records(run_dir: Path) -> list[dict]:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
-        if isinstance(record, dict) and "objective/scores" in record:
+        if isinstance(record, dict) and any(key in record for key in PLOTTED_RECORD_KEYS):
             records.append(record)
     return records
 
