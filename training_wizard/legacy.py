@@ -381,11 +381,30 @@ class LegacyRewardSpec(RewardSpec):
         templated = columns.pop("templated_prompts", prompts)
         raw = columns.pop("raw_completions", completions)
         object.__setattr__(self.reward, "trainer", LegacyTrainerView(step, self.logging_steps))
-        return self.reward.compute_reward(templated, raw, **columns)
+        return self.reward.compute_reward(templated, raw, **accepted_columns(self.reward.compute_reward, columns))
 
     def score(self, prompts, completions, columns, step: int = 0, label: str | None = None):
         return super().score(prompts, completions, {**columns, "step": step}, step=step,
                              label=label or type(self.reward).__name__)
+
+
+def accepted_columns(method: Any, columns: dict[str, Any]) -> dict[str, Any]:
+    """The row columns `method` takes: all of them if it has **kwargs, else those it names. 1.0's reward classes
+    are often `compute_reward(self, queries, completions)` with no **kwargs (1.0 never passed columns), and a
+    template source's row columns (e.g. `input`) would otherwise end the run at the first reward call."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: pass everything, as before
+        return columns
+    parameters = list(parameters)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    names = {p.name for p in positional[2:] if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}  # after the
+    names |= {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}  # prompts and completions
+    return {key: value for key, value in columns.items() if key in names}
 
 
 def migrated_text(translation: Translation, source: Path | str) -> str:

@@ -120,6 +120,19 @@ class PromptAwareReward(RewardSpec):
         return [self.bonus + float("<|im_end|>" in c) for c in completions]
 
 
+class NoKwargsReward(RewardSpec):
+    """1.0's own example rewards take (queries, completions) and nothing else: 1.0 never passed row columns."""
+
+    def compute_reward(self, queries, completions):
+        return [float(len(c)) for c in completions]
+
+
+class SomeColumnsReward(RewardSpec):
+    def compute_reward(self, queries, completions, sentence=None, *, missing=None):
+        assert len(sentence) == len(completions) and missing is None
+        return [float(s in q) for s, q in zip(sentence, queries)]
+
+
 class LengthReward(RewardSpec):
     def compute_reward(self, prompts, completions, **kwargs):
         return [len(c) / 100 for c in completions]
@@ -226,3 +239,32 @@ def test_a_key_whose_loss_would_change_the_result_stops(old_folder, tiny_model_d
     assert main([str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "transformer_spec.tokenizer_special_tokens" in err[0] and "change the prompts" in err[0]
+
+
+@pytest.mark.parametrize("reward_class", ["NoKwargsReward", "SomeColumnsReward"])
+def test_old_rewards_get_only_the_columns_their_compute_reward_takes(old_folder, tiny_model_dir, capsys, reward_class):
+    # The template source's rows carry the column `sentence`; a 1.0 reward without **kwargs must not receive it
+    path = write_old(old_folder, tiny_model_dir, f'[reward_spec]\nspec_class = "old_rewards.{reward_class}"\n')
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    scores = [json.loads(line)["objective/scores"] for line in (old_folder / "run" / "metrics.jsonl").read_text().splitlines()
+              if "objective/scores" in line]
+    assert len(scores) == 2
+    if reward_class == "SomeColumnsReward":
+        assert scores == [1.0, 1.0]  # each prompt holds its own row's sentence
+
+
+def test_accepted_columns_follows_the_signature():
+    from training_wizard.legacy import accepted_columns
+
+    columns = {"input": [1], "topic": [2]}
+
+    def two(queries, completions): ...
+    def named(prompts, completions, topic, input=None): ...  # noqa: A002
+    def keyword_only(prompts, completions, *, topic): ...
+    def anything(prompts, completions, **kwargs): ...
+
+    assert accepted_columns(two, columns) == {}
+    assert accepted_columns(named, columns) == columns
+    assert accepted_columns(keyword_only, columns) == {"topic": [2]}
+    assert accepted_columns(anything, columns) == columns
+    assert accepted_columns(lambda completions, queries: None, {"queries": [0]}) == {}  # never twice
