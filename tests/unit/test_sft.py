@@ -161,3 +161,33 @@ def make_trainer(tokenizer, tmp_path, train_rows, eval_rows=None, attn_implement
     overrides = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = build_causal_lm(tokenizer, **overrides)
     return SFTTrainer(config=config, tokenizer=tokenizer, model=model, train_rows=train_rows, eval_rows=eval_rows)
+
+
+SFT_RECIPE = """\
+recipe_class = "sft"
+output_dir = "{out}"
+[model]
+pretrained_name = "{model}"
+[dataset]
+data_files = "{data}"
+[training]
+max_length = 64
+"""
+
+
+def test_recipe_dry_run_shows_the_trained_tokens_and_bad_rows_exit_2(tmp_path, tiny_model_dir, capsys):
+    from training_wizard.cli import main
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "Repeat: cat", "completion": "cat"}) + "\n")
+    recipe = tmp_path / "sft.toml"
+    recipe.write_text(SFT_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=data))
+    assert main([str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "Repeat: catcat<|im_end|>" in out and "trained on (" in out and "cat<|im_end|>" in out
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    data.write_text(json.dumps({"prompt": "Repeat: cat", "answer": "cat"}) + "\n")
+    assert main([str(recipe)]) == 2
+    assert "dataset row 0: expected a 'text', 'prompt' + 'completion', or 'messages' column" in capsys.readouterr().err
+    assert main([str(recipe), "training.output_dir=x"]) == 2
+    assert "set output_dir at the top level of the recipe" in capsys.readouterr().err

@@ -30,6 +30,10 @@ class RewardModelRecipe(SupervisedRecipe):
 
         return encode_pairs(rows, tokenizer, config, label)
 
+    def describe(self, row, tokenizer) -> str:
+        return (f"chosen:\n{tokenizer.decode(row.chosen)}\n--- rejected:\n{tokenizer.decode(row.rejected)}"
+                f"\n--- margin: {row.margin}")
+
     def load_model(self, config: RewardConfig, tokenizer):
         """A classifier folder as it is, or a causal LM's weights with a new scalar head (as PPO's value model
         starts; specs/value_model.py); `[model] lora` trains an adapter and the head."""

@@ -37,6 +37,11 @@ class SFTRecipe(SupervisedRecipe):
             examples = packed
         return examples
 
+    def describe(self, row, tokenizer) -> str:
+        trained = [token for token, counted in zip(row.input_ids, row.loss_mask) if counted]
+        return (f"{tokenizer.decode(row.input_ids)}\n--- trained on ({len(trained)} of {len(row.input_ids)} "
+                f"tokens):\n{tokenizer.decode(trained)}")
+
     def load_model(self, config: SFTConfig, tokenizer):
         return self.model.apply_lora(self.model.load_causal_lm(config.dtype, tokenizer))
 

@@ -64,10 +64,14 @@ class SupervisedRecipe(Recipe):
         trainer = self.build_trainer(config, tokenizer, model, train_rows, eval_rows, accelerator)
         self.train_and_save(trainer, console, merge_lora=self.merge_lora)
 
-    def show_examples(self, rows: list, tokenizer, console: Console) -> None:  # pragma: no cover - display only
+    def describe(self, row, tokenizer) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def show_examples(self, rows: list, tokenizer, console: Console) -> None:
+        """--dry-run: the first two training rows as the model will see them."""
         for index in range(min(2, len(rows))):
             console.rule(f"example {index}")
-            console.print(repr(rows[index])[:2000], markup=False, highlight=False)
+            console.print(self.describe(rows[index], tokenizer), markup=False, highlight=False)
 
 
 def _plan_table(plan) -> Table:

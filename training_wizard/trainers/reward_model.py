@@ -91,6 +91,7 @@ class RewardModelTrainer(SupervisedTrainer):
     `rewards/chosen` and `rewards/rejected` (mean rewards)."""
 
     config: RewardConfig
+    metric_names = ("accuracy", "margin", "rewards/chosen", "rewards/rejected")
 
     def example_weight(self, rows: list[PreferencePair]) -> int:
         return len(rows)
@@ -98,7 +99,8 @@ class RewardModelTrainer(SupervisedTrainer):
     def rewards(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(chosen (B,), rejected (B,), margin (B,)) rewards of the pairs, in one forward pass."""
         batch = {k: v.to(self.accelerator.device) for k, v in collate_pairs(pairs, self.tokenizer.pad_token_id).items()}
-        scores = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
+        out = self.forward_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        scores = out.logits[:, 0].float()
         return scores[: len(pairs)], scores[len(pairs):], batch["margin"].float()
 
     def example_sums(self, rows: list[PreferencePair]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -197,6 +197,7 @@ class SFTTrainer(SupervisedTrainer):
 
     config: SFTConfig
     weight_metric = "num_tokens"
+    metric_names = ("mean_token_accuracy",)
 
     def example_weight(self, rows: list[SFTExample]) -> int:
         return sum(sum(e.loss_mask) for e in rows)
@@ -204,6 +205,6 @@ class SFTTrainer(SupervisedTrainer):
     def example_sums(self, rows: list[SFTExample]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch = {k: v.to(self.accelerator.device) for k, v in collate(rows, self.tokenizer.pad_token_id).items()}
         # No attention mask: the position ids say where each example starts (see `collate` and `pack_examples`).
-        out = self.policy(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        out = self.forward_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
         sums = token_loss_sums(out.logits, batch["input_ids"], batch["loss_mask"])
         return sums.loss, {"mean_token_accuracy": sums.correct.float()}

@@ -25,7 +25,7 @@ from accelerate import Accelerator
 from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
-from training_wizard.sharding import check_supported, unwrap_model
+from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.base import RunState
@@ -43,6 +43,7 @@ class SupervisedTrainer:
 
     config: SupervisedConfig
     weight_metric: str | None = None  # logs the step's divisor under this name (SFT: num_tokens)
+    metric_names: tuple[str, ...] = ()  # the sums example_sums returns besides the loss
 
     def __init__(self, config: SupervisedConfig, tokenizer, model: torch.nn.Module, train_rows: list,
                  eval_rows: list | None = None, accelerator: Accelerator | None = None):
@@ -60,13 +61,17 @@ class SupervisedTrainer:
         self.plan = config.supervised_plan(self.accelerator.num_processes, len(train_rows))
         self.state = RunState(config.seed, len(train_rows))
         self.is_main = self.accelerator.is_main_process
+        self._evaluating = False
         self._setup_model(model)
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.last_saved_step: int | None = None
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         config = self.config
-        check_supported(self.accelerator, {"model": model})
+        if engine_kind(self.accelerator):  # evaluation splits rows unevenly: a sharded forward would wait forever
+            raise UserError(f"accelerate config: SFT and reward-model training run on one process or with plain "
+                            f"data parallel (accelerate launch --multi_gpu), not under "
+                            f"{self.accelerator.distributed_type.name} yet")
         if config.gradient_checkpointing:
             enable_activation_checkpointing(model)
             if hasattr(model, "enable_input_require_grads"):
@@ -79,8 +84,10 @@ class SupervisedTrainer:
         self.policy, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     @property
-    def unwrapped_model(self) -> torch.nn.Module:
-        return unwrap_model(self.accelerator, self.policy)
+    def forward_model(self) -> torch.nn.Module:
+        """The model the subclasses' forward passes call: the prepared one in training, the unwrapped one in
+        evaluation, where processes run different numbers of batches (DDP's forward may broadcast buffers)."""
+        return unwrap_model(self.accelerator, self.policy) if self._evaluating else self.policy
 
     def checkpoint_models(self) -> dict[str, torch.nn.Module]:
         return {"model": self.policy}
@@ -201,9 +208,7 @@ class SupervisedTrainer:
 
     def _global_means(self, sums: dict[str, torch.Tensor], weight: float) -> dict[str, float]:
         """Each summed metric over every process, divided by the step's weight (one all-reduce)."""
-        names = sorted(sums)
-        if not names:
-            return {}
+        names = ["loss", *self.metric_names]
         totals = self.collectives.sum(torch.stack([sums[n].to(self.accelerator.device) for n in names]))
         return {name: float(value) / max(weight, 1.0) for name, value in zip(names, totals)}
 
@@ -211,23 +216,24 @@ class SupervisedTrainer:
     def evaluate(self) -> dict[str, Any]:
         """The training metrics on the held-out rows as `eval/<name>` (each process takes every world_size-th
         row; sums and weights are added over processes, so the result does not depend on the process count)."""
-        self.policy.eval()
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         mine = self.eval_rows[rank::world]
         size = self.config.per_device_eval_batch_size
-        sums: dict[str, torch.Tensor] = {}
-        weight = 0
-        for start in range(0, len(mine), size):
-            rows = mine[start : start + size]
-            loss, stats = self.example_sums(rows)
-            weight += self.example_weight(rows)
-            for name, value in {"loss": loss, **stats}.items():
-                sums[name] = sums.get(name, 0) + value.detach().float()
-        names = sorted(set(sums) | {"loss"})
-        local = [sums.get(n, torch.zeros(())).to(self.accelerator.device) for n in names]
-        totals = self.collectives.sum(torch.stack([*local, torch.tensor(float(weight), device=self.accelerator.device)]))
+        names = ["loss", *self.metric_names]  # fixed: a process with no rows still adds its zeros
+        sums = torch.zeros(len(names) + 1, device=self.accelerator.device)  # + the weight
+        self.policy.eval()
+        self._evaluating = True
+        try:
+            for start in range(0, len(mine), size):
+                rows = mine[start : start + size]
+                loss, stats = self.example_sums(rows)
+                values = [loss, *(stats[name] for name in self.metric_names), torch.tensor(self.example_weight(rows))]
+                sums += torch.stack([v.detach().float().to(sums.device) for v in values])
+        finally:
+            self._evaluating = False
+            self.policy.train()
+        totals = self.collectives.sum(sums)
         count = max(float(totals[-1]), 1.0)
-        self.policy.train()
         return {**{f"eval/{n}": float(v) / count for n, v in zip(names, totals[:-1])}, "episode": self.state.episode}
 
     # ---------------------------------------------------------------------------------------------- stopping
