@@ -21,12 +21,15 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 
 def _sections() -> list[tuple[str, str, list[type]]]:
+    from training_wizard.recipes.classification import SequenceClassificationRecipe
     from training_wizard.recipes.ppo import PPORecipe
     from training_wizard.recipes.reward_model import RewardModelRecipe
     from training_wizard.recipes.rloo import RLOORecipe
     from training_wizard.recipes.sft import SFTRecipe
     from training_wizard.specs import dataset, model, reward, text_metrics
-    from training_wizard.trainers.config import PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SFTConfig
+    from training_wizard.trainers.config import (
+        PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SequenceClassificationConfig, SFTConfig,
+    )
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -42,7 +45,10 @@ def _sections() -> list[tuple[str, str, list[type]]]:
          "(TRL's PPOv2 defaults).", [RLOORecipeConfig, RLOOConfig, PPOConfig]),
         ("Supervised stages: `recipe_class = \"sft\"` and `\"reward_model\"`", "The recipes of the stages before "
          "online RL (docs/pipeline.md): their top-level keys, then their `[training]` tables. `[model]` and the "
-         "data tables are the specs above.", [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig]),
+         "data tables are the specs above. `recipe_class = \"sequence_classification\"` (what training-wizard "
+         "1.0's sequence classification recipes become) runs on the same loop.",
+         [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig, SequenceClassificationRecipe,
+          SequenceClassificationConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

@@ -42,3 +42,19 @@ def test_bradley_terry_without_margin_or_centering_is_the_plain_pairwise_loss():
     chosen, rejected = torch.tensor([2.0]), torch.tensor([2.0])
     assert bradley_terry_loss(chosen, rejected).item() == pytest.approx(math.log(2.0), abs=1e-7)
     assert bradley_terry_loss(chosen, rejected, torch.zeros(1), 0.0).item() == pytest.approx(math.log(2.0), abs=1e-7)
+
+
+def test_classification_loss_sums_against_hand_values():
+    from training_wizard.core.supervised import classification_loss_sums
+
+    logits, labels = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 1])
+    loss, correct = classification_loss_sums(logits, labels)
+    # log(1 + e^-2) + log 2; the tie in row 1 goes to class 0: one right
+    assert (loss.item(), correct.item()) == (pytest.approx(0.126928 + 0.693147, abs=1e-6), 1)
+    loss, _ = classification_loss_sums(logits, labels, label_smoothing=0.1)
+    # row 0 aims at [0.95, 0.05]: 0.95 * 0.126928 + 0.05 * 2.126928; row 1 stays log 2
+    assert loss.item() == pytest.approx(0.226928 + 0.693147, abs=1e-6)
+    # binary: targets 1 smoothed by 0.2 to 0.9; loss = max(x, 0) - x t + log(1 + e^-|x|)
+    loss, correct = classification_loss_sums(torch.tensor([[1.0], [-2.0]]), torch.tensor([1, 1]),
+                                             "binary_cross_entropy", 0.2)
+    assert (loss.item(), correct.item()) == (pytest.approx(0.413262 + 1.926928, abs=1e-6), 1)

@@ -60,3 +60,23 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     if center_rewards_coefficient:
         loss = loss + center_rewards_coefficient * ((chosen + rejected) ** 2).mean()
     return loss
+
+
+def classification_loss_sums(logits: torch.Tensor, labels: torch.Tensor, loss_type: str = "cross_entropy",
+                             label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, number of correct predictions) of a sequence classifier's batch.
+
+    logits: (B, C); labels: (B,) class ids. "cross_entropy": softmax cross-entropy over the C classes, with
+    `label_smoothing` as torch's cross_entropy takes it; correct = argmax equals the label.
+    "binary_cross_entropy": C = 1, labels 0/1, sigmoid cross-entropy against labels smoothed towards 0.5
+    (y (1 - s) + s / 2, training-wizard 1.0's rule); correct = the logit's sign agrees with the label.
+    """
+    if loss_type == "cross_entropy":
+        loss = F.cross_entropy(logits.float(), labels.long(), reduction="sum", label_smoothing=label_smoothing)
+        correct = (logits.argmax(-1) == labels).sum()
+        return loss, correct
+    target = labels.float() * (1 - label_smoothing) + 0.5 * label_smoothing
+    scores = logits.float()[:, 0]
+    loss = F.binary_cross_entropy_with_logits(scores, target, reduction="sum")
+    correct = ((scores > 0).long() == labels.long()).sum()
+    return loss, correct

@@ -19,6 +19,7 @@ RECIPE_ALIASES = {
     "ppo": "training_wizard.recipes.ppo.PPORecipe",
     "sft": "training_wizard.recipes.sft.SFTRecipe",
     "reward_model": "training_wizard.recipes.reward_model.RewardModelRecipe",
+    "sequence_classification": "training_wizard.recipes.classification.SequenceClassificationRecipe",
     "evaluate": "training_wizard.recipes.evaluate.EvaluateRecipe",
 }
 

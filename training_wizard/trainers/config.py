@@ -336,6 +336,27 @@ class RewardConfig(SupervisedConfig):
     disable_dropout: bool = Field(True, description="Turn dropout off in the model (as TRL's RewardConfig does).")
 
 
+class SequenceClassificationConfig(SupervisedConfig):
+    """Sequence classification (training-wizard 1.0's sequence_classification recipe): a classifier with
+    `num_labels` outputs trained on text rows with an integer label."""
+
+    learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
+    loss_type: Literal["cross_entropy", "binary_cross_entropy"] = Field(
+        "cross_entropy", description="cross_entropy: softmax over num_labels classes; binary_cross_entropy: one "
+        "output, labels 0/1, sigmoid."
+    )
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Label smoothing of the loss.")
+    num_labels: PositiveInt = Field(2, description="Outputs of the classifier (1 for binary_cross_entropy).")
+    text_column: str = Field("text", description="The column with the text to classify.")
+    label_column: str = Field("labels", description="The column with the integer label.")
+
+    @model_validator(mode="after")
+    def _binary_has_one_output(self) -> SequenceClassificationConfig:
+        if self.loss_type == "binary_cross_entropy" and self.num_labels != 1:
+            raise ValueError("loss_type = binary_cross_entropy needs num_labels = 1")
+        return self
+
+
 @dataclass(frozen=True)
 class SupervisedPlan:
     world_size: int
