@@ -12,10 +12,15 @@ _LAZY = {
     "RLOOTrainer": "training_wizard.trainers.rloo",
     "PPOConfig": "training_wizard.trainers.config",
     "PPOTrainer": "training_wizard.trainers.ppo",
+    "SFTConfig": "training_wizard.trainers.config",
+    "SFTTrainer": "training_wizard.trainers.sft",
+    "RewardConfig": "training_wizard.trainers.config",
+    "RewardModelTrainer": "training_wizard.trainers.reward_model",
     "load_recipe": "training_wizard.recipes.base",
 }
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "load_recipe", "__version__"]
+__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "SFTConfig", "SFTTrainer", "RewardConfig",
+           "RewardModelTrainer", "load_recipe", "__version__"]
 
 
 def __getattr__(name: str):
