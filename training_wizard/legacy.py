@@ -61,8 +61,8 @@ def translate_legacy_recipe(data: dict[str, Any], path: Path | str) -> Translati
         return _translate_modular(data, path)
     if recipe_class not in RLOO_CLASSES:
         raise UserError(f"{path}: spec_class: '{recipe_class}' is a training-wizard 1.0 recipe class this version "
-                        "does not run; it reads only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec) and the "
-                        "modular recipe with an instruction tuning or sequence classification module")
+                        "does not run; it reads only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec) "
+                        "and the modular recipe with an instruction tuning or sequence classification module")
     out = Translation({"recipe_class": "rloo"})
     out.note("spec_class", "recipe_class", "the RLOO recipe")
     unknown = [key for key in data if key not in (*LEGACY_TABLES, "validation")]

@@ -129,7 +129,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 def _recipe_class(name: Any, path: Path) -> type[Recipe]:
     if name is None:
         raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo', 'ppo', 'sft', "
-                        "'reward_model' or 'pkg.mod.Class')")
+                        "'reward_model', 'sequence_classification' or 'pkg.mod.Class')")
     if not isinstance(name, str):
         raise UserError(f"{path}: recipe_class: expected a string such as 'rloo', got {type(name).__name__}")
     add_import_roots(path)
