@@ -191,3 +191,16 @@ def test_recipe_dry_run_shows_the_trained_tokens_and_bad_rows_exit_2(tmp_path, t
     assert "dataset row 0: expected a 'text', 'prompt' + 'completion', or 'messages' column" in capsys.readouterr().err
     assert main([str(recipe), "training.output_dir=x"]) == 2
     assert "set output_dir at the top level of the recipe" in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_stops_before_the_weights_change(tokenizer, tmp_path, monkeypatch):
+    from training_wizard import signals
+
+    rows = [encode_sft_row({"prompt": f"Item {i}:", "completion": "word"}, tokenizer, SFTConfig()) for i in range(8)]
+    trainer = make_trainer(tokenizer, tmp_path, rows, max_steps=3)
+    monkeypatch.setenv(signals.FAULT_ENV, "loss@1=nan")  # the loss of step 1 (the second) becomes NaN
+    monkeypatch.setattr(signals, "_fired", set())
+    with pytest.raises(UserError, match="training: non-finite loss at step 1"):
+        trainer.train()
+    assert trainer.state.iteration == 1
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
