@@ -320,7 +320,7 @@ class SFTConfig(SupervisedConfig):
         "ids restart at each example, so no token attends to another example (transformers builds the block-diagonal "
         "mask from them on eager, sdpa and flash attention); the loss equals the unpacked one.",
     )
-    eos_token: bool = Field(
+    add_eos_token: bool = Field(
         True, description="End each prompt/completion row's completion with the EOS token if it lacks one (as TRL does)."
     )
 

@@ -87,7 +87,7 @@ def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str)
         if isinstance(prompt, str) and isinstance(completion, str):
             ids = _text_ids(tokenizer, completion, special=False)
             eos = tokenizer.eos_token_id
-            if config.eos_token and eos is not None and (not ids or ids[-1] != eos):
+            if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
                 ids.append(eos)
             return [(_text_ids(tokenizer, prompt, special=True), False), (ids, True)]
         if _is_conversation(prompt) and _is_conversation(completion):
