@@ -14,11 +14,15 @@ _LAZY = {
     "PPOTrainer": "training_wizard.trainers.ppo",
     "GRPOConfig": "training_wizard.trainers.config",
     "GRPOTrainer": "training_wizard.trainers.grpo",
+    "SFTConfig": "training_wizard.trainers.config",
+    "SFTTrainer": "training_wizard.trainers.sft",
+    "RewardConfig": "training_wizard.trainers.config",
+    "RewardModelTrainer": "training_wizard.trainers.reward_model",
     "load_recipe": "training_wizard.recipes.base",
 }
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "load_recipe",
-           "__version__"]
+__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig",
+           "SFTTrainer", "RewardConfig", "RewardModelTrainer", "load_recipe", "__version__"]
 
 
 def __getattr__(name: str):

@@ -22,10 +22,15 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.recipes.grpo import GRPORecipe
+    from training_wizard.recipes.classification import SequenceClassificationRecipe
     from training_wizard.recipes.ppo import PPORecipe
+    from training_wizard.recipes.reward_model import RewardModelRecipe
     from training_wizard.recipes.rloo import RLOORecipe
+    from training_wizard.recipes.sft import SFTRecipe
     from training_wizard.specs import dataset, model, reward, text_metrics
-    from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
+    from training_wizard.trainers.config import (
+        GRPOConfig, PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SequenceClassificationConfig, SFTConfig,
+    )
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -41,6 +46,12 @@ def _sections() -> list[tuple[str, str, list[type]]]:
          "(TRL's PPOv2 defaults); the GRPO recipe and the Python API `GRPOConfig` (TRL 1.x's GRPO defaults). "
          "docs/trl_options.md maps every TRL 1.x GRPO and RLOO option.",
          [RLOORecipeConfig, RLOOConfig, PPOConfig, GRPOConfig]),
+        ("Supervised stages: `recipe_class = \"sft\"` and `\"reward_model\"`", "The recipes of the stages before "
+         "online RL (docs/pipeline.md): their top-level keys, then their `[training]` tables. `[model]` and the "
+         "data tables are the specs above. `recipe_class = \"sequence_classification\"` (what training-wizard "
+         "1.0's sequence classification recipes become) runs on the same loop.",
+         [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig, SequenceClassificationRecipe,
+          SequenceClassificationConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
         ("[reward]", "", subclasses(reward, reward.RewardSpec) + subclasses(text_metrics, reward.RewardSpec)),
     ]

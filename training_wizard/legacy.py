@@ -38,6 +38,7 @@ class Note:
 class Translation:
     recipe: dict[str, Any]
     notes: list[Note] = field(default_factory=list)
+    output_column: str = "prompt"  # where a template source puts its messages: "messages" for SFT
 
     def note(self, old: str, new: str | None, reason: str = "") -> None:
         self.notes.append(Note(old, new, reason))
@@ -56,9 +57,12 @@ def translate_legacy_recipe(data: dict[str, Any], path: Path | str) -> Translati
     """Today's recipe dict (with `recipe_class`) for a 1.0 recipe, and a note for every key."""
     data = copy.deepcopy(data)
     recipe_class = data.pop("spec_class")
+    if recipe_class == MODULAR_CLASS:
+        return _translate_modular(data, path)
     if recipe_class not in RLOO_CLASSES:
         raise UserError(f"{path}: spec_class: '{recipe_class}' is a training-wizard 1.0 recipe class this version "
-                        "does not run; only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec) are read")
+                        "does not run; it reads only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec) "
+                        "and the modular recipe with an instruction tuning or sequence classification module")
     out = Translation({"recipe_class": "rloo"})
     out.note("spec_class", "recipe_class", "the RLOO recipe")
     unknown = [key for key in data if key not in (*LEGACY_TABLES, "validation")]
@@ -181,10 +185,13 @@ def _dataset(table: dict[str, Any], old: str, new: str, out: Translation) -> dic
             source[key] = value
             out.note(where, f"{new}.{key}")
         elif key == "output_column":
-            if value != "prompt":
-                raise UserError(f"{where}: '{value}': prompts are read from the column 'prompt' here; set "
-                                "output_column = \"prompt\"")
-            out.note(where, None, "the rendered messages always go to the 'prompt' column")
+            if value != out.output_column:
+                raise UserError(f"{where}: '{value}': this recipe reads the rendered messages from the column "
+                                f"'{out.output_column}'; set output_column = \"{out.output_column}\"")
+            if value == "messages":
+                source[key] = value
+            out.note(where, f"{new}.output_column" if value == "messages" else None,
+                     "" if value == "messages" else "the rendered messages always go to the 'prompt' column")
         elif key == "data_files" or key in ("name", "split", "subset"):
             source[key] = value
             out.note(where, f"{new}.{key}")
@@ -203,6 +210,9 @@ def _load_kwargs(kwargs: dict[str, Any], where: str, new: str, out: Translation)
     moved = {}
     for key, value in kwargs.items():
         target = {"path": "name", "data_files": "data_files", "split": "split", "name": "subset"}.get(key)
+        if key == "sep" and value == "\t":
+            out.note(f"{where}.{key}", None, "tab-separated files are read as such by their .tsv name")
+            continue
         if target is None:
             raise UserError(f"{where}.{key}: no equivalent for this load_dataset argument here")
         moved[target] = value
@@ -265,14 +275,20 @@ _IGNORED = {
 _ADAMW = ("adamw_torch", "adamw_hf", "adamw_torch_fused", "adamw")
 
 
-def _training(table: dict[str, Any], out: Translation) -> None:
+def _training(table: dict[str, Any], out: Translation, same: set[str] = _SAME,
+              ignored: dict[str, str] = _IGNORED) -> None:
     training = out.recipe.setdefault("training", {})
     for key, value in table.items():
         where = f"training_args_spec.{key}"
         if key in ("output_dir", "seed"):
             out.recipe[key] = value
             out.note(where, key)
-        elif key in _SAME:
+        elif key == "max_steps" and same is not _SAME:
+            if value is not None and value > 0:
+                training[key] = value
+            out.note(where, "training.max_steps" if value and value > 0 else None, "" if value and value > 0
+                     else "-1: num_train_epochs decides")
+        elif key in same:
             training[key] = value
             out.note(where, f"training.{key}")
         elif key in ("bf16", "fp16"):
@@ -288,8 +304,8 @@ def _training(table: dict[str, Any], out: Translation) -> None:
             reports = [value] if isinstance(value, str) else list(value)
             training["report_to"] = [r for r in reports if r not in ("none", "all")]
             out.note(where, "training.report_to")
-        elif key in _IGNORED:
-            out.note(where, None, _IGNORED[key])
+        elif key in ignored:
+            out.note(where, None, ignored[key])
         else:
             raise UserError(f"{where}: no equivalent here; remove it (see docs/migrating.md for the supported keys)")
     out.recipe.setdefault("output_dir", "runs/migrated")
@@ -302,6 +318,110 @@ def _strategy(key: str, value: str, where: str, out: Translation) -> None:
         out.note(where, None, "the *_steps keys decide" if value == "steps" else "nothing to do")
         return
     raise UserError(f"{where}: '{value}' has no equivalent here; use 'steps' with save_steps / eval_steps")
+
+
+# -- the modular recipe: instruction tuning (SFT) and sequence classification ----------------------------------
+MODULAR_CLASS = "training_wizard.recipes.modular.ModularTrainingSpec"
+_MODULES = {
+    "training_wizard.specs.modules.instruction_tune.InstructionTuningModule": "sft",
+    "training_wizard.specs.modules.seq_cls.SequenceClassifierModule": "sequence_classification",
+}
+_SUPERVISED_SAME = {
+    "learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+    "num_train_epochs", "warmup_steps", "warmup_ratio", "logging_steps", "save_steps", "save_total_limit",
+    "gradient_checkpointing", "lr_scheduler_type", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "max_grad_norm", "eval_steps",
+}
+_SUPERVISED_IGNORED = {
+    **{k: v for k, v in _IGNORED.items() if k != "per_device_eval_batch_size"},
+    "neftune_noise_alpha": "NEFTune's embedding noise is not available: training runs without it",
+    "torch_compile": "the supervised loop runs eager",
+}
+# What each 1.0 module key becomes: a [training] key, or None (dropped) with the reason.
+_MODULE_KEYS: dict[str, dict[str, tuple[str | None, str]]] = {
+    "sft": {
+        "assistant_only": ("completion_only_loss", ""),
+        "eval_sample_size": (None, "held-out rows are scored by eval/loss and eval/mean_token_accuracy, not sampled"),
+        "peek_rate": (None, "no generations are printed during SFT"),
+        "peek_sample_size": (None, "no generations are printed during SFT"),
+        "generation_args": (None, "no generations are made during SFT"),
+    },
+    "sequence_classification": {
+        "loss_type": ("loss_type", ""), "label_smoothing": ("label_smoothing", ""),
+        "compute_eval_metrics": (None, "eval/loss and eval/accuracy are always logged"),
+        "save_plots": (None, "metrics.png is always written"),
+    },
+}
+
+
+def _translate_modular(data: dict[str, Any], path: Path | str) -> Translation:
+    """1.0's modular recipe with an instruction-tuning module (-> "sft") or a sequence-classification module
+    (-> "sequence_classification")."""
+    module = dict(data.get("wizard_module") or {})
+    kind = _MODULES.get(module.pop("spec_class", None))
+    if kind is None:
+        raise UserError(f"{path}: wizard_module.spec_class: this version reads 1.0's instruction tuning and sequence "
+                        f"classification modules ({', '.join(_MODULES)})")
+    out = Translation({"recipe_class": kind}, output_column="messages" if kind == "sft" else "prompt")
+    out.note("spec_class", "recipe_class", f"the {kind} recipe")
+    unknown = [k for k in data if k not in ("wizard_module", "dataset_spec", "training_args_spec", "validation",
+                                            "callbacks_spec")]
+    if unknown:
+        raise UserError(f"{path}: {unknown[0]}: unknown key in a training-wizard 1.0 modular recipe")
+    for key in ("dataset_spec",):
+        if key not in data:
+            raise UserError(f"{path}: {key}: required key is missing (training-wizard 1.0 modular recipe)")
+    if not isinstance(module.get("transformer_spec"), dict):
+        raise UserError(f"{path}: wizard_module.transformer_spec: required table is missing")
+    _training(data.get("training_args_spec", {}), out, _SUPERVISED_SAME, _SUPERVISED_IGNORED)
+    out.recipe["model"] = _supervised_model(module.pop("transformer_spec"), kind, out)
+    training = out.recipe["training"]
+    for key, value in module.items():
+        target, reason = _MODULE_KEYS[kind].get(key, ("", ""))
+        if target == "":
+            raise UserError(f"{path}: wizard_module.{key}: no equivalent here")
+        if target is not None:
+            training[target] = value
+        out.note(f"wizard_module.{key}", f"training.{target}" if target else None, reason)
+    if kind == "sft" and training.get("completion_only_loss", True):
+        _note_last_turn_only(data["dataset_spec"], out)
+    out.recipe["dataset"] = _dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
+    if "validation" in data:
+        _validation(data["validation"], out)
+    if "callbacks_spec" in data:
+        out.note("callbacks_spec", None, "no early stopping: the run trains its full length and logs the held-out "
+                 "metrics every eval_steps")
+    return out
+
+
+def _supervised_model(table: dict[str, Any], kind: str, out: Translation) -> dict[str, Any]:
+    """The module's transformer_spec: the tokenizer's max_length becomes training.max_length, a classifier's
+    num_labels training.num_labels."""
+    table = dict(table)
+    call = dict(table.pop("tokenizer_call_kwargs", None) or {})
+    if "max_length" in call:
+        out.recipe["training"]["max_length"] = call.pop("max_length")
+        out.note("wizard_module.transformer_spec.tokenizer_call_kwargs.max_length", "training.max_length")
+    for key in call:
+        out.note(f"wizard_module.transformer_spec.tokenizer_call_kwargs.{key}", None,
+                 "examples are cut to training.max_length tokens")
+    model = _model(table, "wizard_module.transformer_spec", "model", out)
+    extra = model.get("from_pretrained_kwargs", {})
+    if kind == "sequence_classification" and "num_labels" in extra:
+        out.recipe["training"]["num_labels"] = extra.pop("num_labels")
+        out.note("wizard_module.transformer_spec.from_pretrained_kwargs.num_labels", "training.num_labels")
+        if not extra:
+            model.pop("from_pretrained_kwargs")
+    return model
+
+
+def _note_last_turn_only(dataset: dict[str, Any], out: Translation) -> None:
+    """1.0 trained only the last assistant message of each conversation; this SFT trains every assistant turn.
+    Say so when a template has several."""
+    template = dataset.get("messages_template") or []
+    if sum(m.get("role") == "assistant" for m in template if isinstance(m, dict)) > 1:
+        out.note("wizard_module.assistant_only", None, "every assistant message of the template trains here; "
+                 "1.0 trained the last one only")
 
 
 # -- rewards --------------------------------------------------------------------------------------------------
@@ -381,11 +501,30 @@ class LegacyRewardSpec(RewardSpec):
         templated = columns.pop("templated_prompts", prompts)
         raw = columns.pop("raw_completions", completions)
         object.__setattr__(self.reward, "trainer", LegacyTrainerView(step, self.logging_steps))
-        return self.reward.compute_reward(templated, raw, **columns)
+        return self.reward.compute_reward(templated, raw, **accepted_columns(self.reward.compute_reward, columns))
 
     def score(self, prompts, completions, columns, step: int = 0, label: str | None = None):
         return super().score(prompts, completions, {**columns, "step": step}, step=step,
                              label=label or type(self.reward).__name__)
+
+
+def accepted_columns(method: Any, columns: dict[str, Any]) -> dict[str, Any]:
+    """The row columns `method` takes: all of them if it has **kwargs, else those it names. 1.0's reward classes
+    are often `compute_reward(self, queries, completions)` with no **kwargs (1.0 never passed columns), and a
+    template source's row columns (e.g. `input`) would otherwise end the run at the first reward call."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: pass everything, as before
+        return columns
+    parameters = list(parameters)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    names = {p.name for p in positional[2:] if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}  # after the
+    names |= {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}  # prompts and completions
+    return {key: value for key, value in columns.items() if key in names}
 
 
 def migrated_text(translation: Translation, source: Path | str) -> str:

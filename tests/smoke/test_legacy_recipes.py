@@ -120,6 +120,19 @@ class PromptAwareReward(RewardSpec):
         return [self.bonus + float("<|im_end|>" in c) for c in completions]
 
 
+class NoKwargsReward(RewardSpec):
+    """1.0's own example rewards take (queries, completions) and nothing else: 1.0 never passed row columns."""
+
+    def compute_reward(self, queries, completions):
+        return [float(len(c)) for c in completions]
+
+
+class SomeColumnsReward(RewardSpec):
+    def compute_reward(self, queries, completions, sentence=None, *, missing=None):
+        assert len(sentence) == len(completions) and missing is None
+        return [float(s in q) for s, q in zip(sentence, queries)]
+
+
 class LengthReward(RewardSpec):
     def compute_reward(self, prompts, completions, **kwargs):
         return [len(c) / 100 for c in completions]
@@ -226,3 +239,150 @@ def test_a_key_whose_loss_would_change_the_result_stops(old_folder, tiny_model_d
     assert main([str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "transformer_spec.tokenizer_special_tokens" in err[0] and "change the prompts" in err[0]
+
+
+@pytest.mark.parametrize("reward_class", ["NoKwargsReward", "SomeColumnsReward"])
+def test_old_rewards_get_only_the_columns_their_compute_reward_takes(old_folder, tiny_model_dir, capsys, reward_class):
+    # The template source's rows carry the column `sentence`; a 1.0 reward without **kwargs must not receive it
+    path = write_old(old_folder, tiny_model_dir, f'[reward_spec]\nspec_class = "old_rewards.{reward_class}"\n')
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    scores = [json.loads(line)["objective/scores"] for line in (old_folder / "run" / "metrics.jsonl").read_text().splitlines()
+              if "objective/scores" in line]
+    assert len(scores) == 2
+    if reward_class == "SomeColumnsReward":
+        assert scores == [1.0, 1.0]  # each prompt holds its own row's sentence
+
+
+def test_accepted_columns_follows_the_signature():
+    from training_wizard.legacy import accepted_columns
+
+    columns = {"input": [1], "topic": [2]}
+
+    def two(queries, completions): ...
+    def named(prompts, completions, topic, input=None): ...  # noqa: A002
+    def keyword_only(prompts, completions, *, topic): ...
+    def anything(prompts, completions, **kwargs): ...
+
+    assert accepted_columns(two, columns) == {}
+    assert accepted_columns(named, columns) == columns
+    assert accepted_columns(keyword_only, columns) == {"topic": [2]}
+    assert accepted_columns(anything, columns) == columns
+    assert accepted_columns(lambda completions, queries: None, {"queries": [0]}) == {}  # never twice
+
+
+OLD_INSTRUCTION_TUNING = """\
+spec_class = "training_wizard.recipes.modular.ModularTrainingSpec"
+validation = 2
+
+[wizard_module]
+spec_class = "training_wizard.specs.modules.instruction_tune.InstructionTuningModule"
+eval_sample_size = 100
+
+[wizard_module.transformer_spec]
+pretrained_name = "{model}"
+
+[wizard_module.transformer_spec.tokenizer_call_kwargs]
+max_length = 128
+truncation = true
+
+[dataset_spec]
+spec_class = "training_wizard.specs.dataset.TemplateInstructDatasourceSpec"
+output_column = "messages"
+
+[[dataset_spec.messages_template]]
+role = "system"
+content = "You paraphrase."
+
+[[dataset_spec.messages_template]]
+role = "user"
+content = "{{source}}"
+
+[[dataset_spec.messages_template]]
+role = "assistant"
+content = "{{target}}"
+
+[dataset_spec.parent]
+spec_class = "training_wizard.specs.dataset.SimpleDataSourceSpec"
+data_files = "pairs.jsonl"
+
+[training_args_spec]
+output_dir = "{out}"
+num_train_epochs = 1
+per_device_train_batch_size = 2
+per_device_eval_batch_size = 2
+optim = "adamw_bnb_8bit"
+learning_rate = 1e-3
+neftune_noise_alpha = 5
+
+[callbacks_spec]
+enable_early_stopping = true
+"""
+
+OLD_SEQUENCE_CLASSIFICATION = """\
+spec_class = "training_wizard.recipes.modular.ModularTrainingSpec"
+validation = 2
+
+[wizard_module]
+spec_class = "training_wizard.specs.modules.seq_cls.SequenceClassifierModule"
+loss_type = "cross_entropy"
+label_smoothing = 0.1
+compute_eval_metrics = true
+
+[wizard_module.transformer_spec]
+pretrained_name = "{model}"
+
+[wizard_module.transformer_spec.from_pretrained_kwargs]
+num_labels = 2
+
+[dataset_spec]
+spec_class = "training_wizard.specs.dataset.SimpleDataSourceSpec"
+data_files = "labels.tsv"
+load_dataset_kwargs = {{ sep = "\\t" }}
+loader = "csv"
+
+[training_args_spec]
+output_dir = "{out}"
+num_train_epochs = 1
+per_device_train_batch_size = 2
+learning_rate = 1e-3
+save_only_model = true
+"""
+
+
+def test_old_instruction_tuning_recipe_is_sft_on_the_assistant_message(tmp_path, tiny_model_dir, capsys):
+    rows = [{"source": f"The {w} is here.", "target": f"Here is the {w}."} for w in ["cat", "sun", "map", "owl", "sea"]]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    path = tmp_path / "old.toml"
+    path.write_text(OLD_INSTRUCTION_TUNING.format(model=tiny_model_dir, out=tmp_path / "run"))
+    recipe = load_recipe(path)
+    assert type(recipe).__name__ == "SFTRecipe" and recipe.training.max_length == 128
+    assert recipe.training.completion_only_loss and recipe.dataset.hold_out == 2
+    assert main([str(path), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "training_args_spec.neftune_noise_alpha: ignored" in captured.err
+    assert "callbacks_spec: ignored" in captured.err
+    assert "trained on (" in captured.out and "\nHere is the cat.<|im_end|>\n" in captured.out  # the assistant's turn
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["episode"] for r in records if "loss" in r] == [2, 4] and any("eval/loss" in r for r in records)
+    new = tmp_path / "new.toml"
+    assert main(["migrate", str(path), "-o", str(new)]) == 0
+    assert load_recipe(new).to_dict() == recipe.to_dict()
+
+
+def test_old_sequence_classification_recipe_reads_its_tsv_and_trains(tmp_path, tiny_model_dir, capsys):
+    lines = ["text\tlabels"] + [f"Sentence number {i} here.\t{i % 2}" for i in range(8)]
+    (tmp_path / "labels.tsv").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "old.toml"
+    path.write_text(OLD_SEQUENCE_CLASSIFICATION.format(model=tiny_model_dir, out=tmp_path / "run"))
+    recipe = load_recipe(path)
+    assert type(recipe).__name__ == "SequenceClassificationRecipe"
+    assert (recipe.training.num_labels, recipe.training.label_smoothing) == (2, 0.1)
+    assert main([str(path)]) == 0, capsys.readouterr().err
+    assert "dataset_spec.load_dataset_kwargs.sep: ignored" in capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["episode"] for r in records if "loss" in r] == [2, 4, 6] and "eval/accuracy" in records[-1]
+    from transformers import AutoModelForSequenceClassification
+
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "model")
+    assert saved.config.num_labels == 2

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
@@ -17,6 +18,9 @@ RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
     "ppo": "training_wizard.recipes.ppo.PPORecipe",
     "grpo": "training_wizard.recipes.grpo.GRPORecipe",
+    "sft": "training_wizard.recipes.sft.SFTRecipe",
+    "reward_model": "training_wizard.recipes.reward_model.RewardModelRecipe",
+    "sequence_classification": "training_wizard.recipes.classification.SequenceClassificationRecipe",
     "evaluate": "training_wizard.recipes.evaluate.EvaluateRecipe",
 }
 
@@ -30,8 +34,79 @@ class Recipe(Spec):
         None, description='"latest" (start fresh if there is none yet) or a checkpoint folder to resume from.'
     )
 
+    @model_validator(mode="after")
+    def _run_keys_at_the_top_level(self):
+        training = getattr(self, "training", None)
+        for key in ("output_dir", "seed"):
+            if training is not None and key in training.model_fields_set:
+                raise ValueError(f"set {key} at the top level of the recipe, not in [training]")
+        return self
+
+    def training_config(self):
+        """The [training] table with the run's output_dir and seed (set at the top level) filled in."""
+        return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed})
+
     def main(self, dry_run: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    # ------------------------------------------------------------------------ the run lifecycle, written once
+    # A training recipe's main(): open_run -> (load, plan; stop on --dry-run) -> prepare_output -> build the
+    # trainer -> train_and_save. Used by the on-policy recipes (recipes/on_policy.py) and the supervised ones
+    # (recipes/sft.py, recipes/reward_model.py).
+
+    def open_run(self, gradient_accumulation_steps: int):
+        """Seed everything, make the Accelerator and check the launch came up as asked; (accelerator, console)."""
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+        from rich.console import Console
+
+        # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
+        # torch starts each process from a random seed and two runs of one recipe differ.
+        set_seed(self.seed)
+        try:
+            accelerator = Accelerator(gradient_accumulation_steps=gradient_accumulation_steps)
+        except ImportError as exc:  # the launch asks for an engine that is not installed (e.g. DeepSpeed)
+            raise UserError(f"accelerate config: {str(exc).splitlines()[0]}") from None
+        check_launch(accelerator)
+        return accelerator, Console(quiet=not accelerator.is_main_process)
+
+    def prepare_output(self, accelerator) -> None:
+        """Check output_dir is writable and write resolved_config.toml (main process)."""
+        if accelerator.is_main_process:
+            check_writable(self.output_dir)
+            self.write_resolved_config()
+
+    def train_and_save(self, trainer, console, merge_lora: bool = False) -> None:
+        """Resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit code), save the
+        final model into output_dir/model, write the plots and report."""
+        from training_wizard.recipes.on_policy import save_final_model
+
+        if self.resume_from_checkpoint:
+            from training_wizard.checkpoint import resume
+
+            resume(trainer, self.resume_from_checkpoint, console.print)
+        trainer.train()
+        save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=merge_lora)
+        console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
+        if trainer.accelerator.is_main_process:
+            from training_wizard.tracking.report import write_run_outputs
+
+            report = write_run_outputs(self.output_dir)
+            console.print(f"plots and report: {report}")
+
+    def write_resolved_config(self) -> Path:
+        """output_dir/resolved_config.toml: every key with its value in effect, secrets redacted."""
+        from training_wizard.spec import dump_toml, redact_secrets
+
+        path = Path(self.output_dir) / "resolved_config.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = redact_secrets(self.to_dict())
+        data["recipe_class"] = data.pop("spec_class")
+        for key in ("output_dir", "seed"):  # top-level keys; [training] must not repeat them
+            if isinstance(data.get("training"), dict):
+                data["training"].pop(key, None)
+        path.write_text(dump_toml(data), encoding="utf-8")
+        return path
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -54,7 +129,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 def _recipe_class(name: Any, path: Path) -> type[Recipe]:
     if name is None:
-        raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo', 'ppo' or 'pkg.mod.Class')")
+        raise UserError(f"{path}: recipe_class: required key is missing (expected 'rloo', 'ppo', 'sft', "
+                        "'reward_model', 'sequence_classification' or 'pkg.mod.Class')")
     if not isinstance(name, str):
         raise UserError(f"{path}: recipe_class: expected a string such as 'rloo', got {type(name).__name__}")
     add_import_roots(path)
@@ -62,3 +138,35 @@ def _recipe_class(name: Any, path: Path) -> type[Recipe]:
         return import_spec_class(RECIPE_ALIASES.get(name, name), Recipe)
     except ValueError as exc:
         raise UserError(f"{path}: recipe_class: {exc}") from None
+
+
+def check_launch(accelerator, environ=None) -> None:
+    """Refuse the silent fallbacks of a launch that did not come up as asked: accelerate turns an FSDP or
+    DeepSpeed config into plain data parallel where it cannot shard (a CPU), and processes launched together can
+    each come up alone (then they all write into one output_dir)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    kind = accelerator.distributed_type.name
+    for variable, engine, name in (("ACCELERATE_USE_FSDP", "FSDP", "FSDP"),
+                                   ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED", "DeepSpeed")):
+        if environ.get(variable, "").lower() in ("1", "true") and kind != engine:
+            raise UserError(f"accelerate config: it asks for {name} but this run came up as {kind} (not sharded; "
+                            "on CPU processes accelerate falls back silently); fix the launch or drop the option")
+    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and accelerator.num_processes != launched:
+        raise UserError(f"launch: the environment says {launched} processes (WORLD_SIZE) but this process sees "
+                        f"{accelerator.num_processes}; each would train alone into the same output_dir")
+
+
+def check_writable(output_dir: str) -> None:
+    """Create output_dir and write a probe file there, so an unusable folder is one line before any model loads."""
+    folder = Path(output_dir)
+    probe = folder / f".write-check-{uuid.uuid4().hex}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"output_dir: cannot create or write '{output_dir}' ({reason}); choose a writable folder") from None

@@ -9,18 +9,16 @@ subclass names its `[training]` config class and builds its trainer (`build_trai
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
 from training_wizard.errors import UserError
-from training_wizard.recipes.base import Recipe
+from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
 from training_wizard.sharding import deepspeed_lookup_skipped, unwrap_model
-from training_wizard.spec import dump_toml, redact_secrets
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
@@ -40,16 +38,6 @@ class OnPolicyRecipe(Recipe):
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
 
-    @model_validator(mode="after")
-    def _run_keys_at_the_top_level(self):
-        for key in ("output_dir", "seed"):
-            if key in self.training.model_fields_set:
-                raise ValueError(f"set {key} at the top level of the recipe, not in [training]")
-        return self
-
-    def training_config(self) -> OnPolicyConfig:
-        return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed})
-
     def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -66,20 +54,9 @@ class OnPolicyRecipe(Recipe):
 
     # ------------------------------------------------------------------------------------------- the lifecycle
     def main(self, dry_run: bool = False) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import set_seed
-
         started = time.perf_counter()
-        # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
-        # torch starts each process from a random seed and two runs of one recipe differ.
-        set_seed(self.seed)
         config = self.training_config()
-        try:
-            accelerator = Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
-        except ImportError as exc:  # the launch asks for an engine that is not installed (e.g. DeepSpeed)
-            raise UserError(f"accelerate config: {str(exc).splitlines()[0]}") from None
-        check_launch(accelerator)
-        console = Console(quiet=not accelerator.is_main_process)
+        accelerator, console = self.open_run(config.gradient_accumulation_steps)
         tokenizer = self.model.load_tokenizer()
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
         plan = config.batch_plan(accelerator.num_processes, len(train_rows))
@@ -90,9 +67,7 @@ class OnPolicyRecipe(Recipe):
             self._show_prompts(train_rows, tokenizer, console)
             return
         eval_rows = self._load_prompts(self.eval_dataset, "eval_dataset", tokenizer, console) if self.eval_dataset else None
-        if accelerator.is_main_process:
-            check_writable(self.output_dir)
-            self.write_resolved_config()
+        self.prepare_output(accelerator)
         trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
         warn_long_prompts(trainer, console)
         if self.resume_from_checkpoint:
@@ -141,49 +116,6 @@ class OnPolicyRecipe(Recipe):
             text = tokenizer.decode(render_prompt(tokenizer, rows[index]["prompt"]))
             console.rule(f"prompt {index}")
             console.print(text, markup=False, highlight=False)
-
-    def write_resolved_config(self) -> Path:
-        """output_dir/resolved_config.toml: every key with its value in effect, secrets redacted."""
-        path = Path(self.output_dir) / "resolved_config.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = redact_secrets(self.to_dict())
-        data["recipe_class"] = data.pop("spec_class")
-        for key in ("output_dir", "seed"):  # top-level keys; [training] must not repeat them
-            data["training"].pop(key, None)
-        path.write_text(dump_toml(data), encoding="utf-8")
-        return path
-
-
-def check_launch(accelerator, environ=None) -> None:
-    """Refuse the silent fallbacks of a launch that did not come up as asked: accelerate turns an FSDP or
-    DeepSpeed config into plain data parallel where it cannot shard (a CPU), and processes launched together can
-    each come up alone (then they all write into one output_dir)."""
-    import os
-
-    environ = os.environ if environ is None else environ
-    kind = accelerator.distributed_type.name
-    for variable, engine, name in (("ACCELERATE_USE_FSDP", "FSDP", "FSDP"),
-                                   ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED", "DeepSpeed")):
-        if environ.get(variable, "").lower() in ("1", "true") and kind != engine:
-            raise UserError(f"accelerate config: it asks for {name} but this run came up as {kind} (not sharded; "
-                            "on CPU processes accelerate falls back silently); fix the launch or drop the option")
-    launched = int(environ.get("WORLD_SIZE", "1") or 1)
-    if launched > 1 and accelerator.num_processes != launched:
-        raise UserError(f"launch: the environment says {launched} processes (WORLD_SIZE) but this process sees "
-                        f"{accelerator.num_processes}; each would train alone into the same output_dir")
-
-
-def check_writable(output_dir: str) -> None:
-    """Create output_dir and write a probe file there, so an unusable folder is one line before any model loads."""
-    folder = Path(output_dir)
-    probe = folder / f".write-check-{uuid.uuid4().hex}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise UserError(f"output_dir: cannot create or write '{output_dir}' ({reason}); choose a writable folder") from None
 
 
 def batch_notes(plan: BatchPlan, dataset_rows: int) -> list[str]:

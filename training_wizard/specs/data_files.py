@@ -19,8 +19,8 @@ from training_wizard.errors import UserError
 from training_wizard.spec import resolve_path
 
 # File suffix -> `datasets` packaged builder. Compression suffixes (.gz, ...) are looked through.
-BUILDERS = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "pq": "parquet", "txt": "text",
-            "text": "text"}
+BUILDERS = {"json": "json", "jsonl": "json", "csv": "csv", "tsv": "csv", "parquet": "parquet", "pq": "parquet",
+            "txt": "text", "text": "text"}
 _COMPRESSION = {"gz", "bz2", "xz", "zst", "zip", "lz4"}
 _GLOB_CHARS = set("*?[")
 
@@ -50,6 +50,13 @@ def _resolve_glob(pattern: str) -> Path:
     cut = next(i for i, part in enumerate(parts) if _GLOB_CHARS & set(part))
     prefix = Path(*parts[:cut]) if cut else Path(".")
     return resolve_path(prefix).joinpath(*parts[cut:])
+
+
+def _last_suffix(path: str) -> str:
+    suffixes = [s.lstrip(".").lower() for s in Path(path).suffixes]
+    while suffixes and suffixes[-1] in _COMPRESSION:
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
 
 
 def builder_for(path: str, key: str) -> str:
@@ -101,8 +108,12 @@ def load_files(paths: list[str], key: str):
     library_logger = logging.getLogger("datasets")
     level = library_logger.level
     library_logger.setLevel(logging.CRITICAL)  # its loaders log a parse error before raising: ours is the one line
+    tab_separated = {_last_suffix(path) == "tsv" for path in paths}
+    if builder == "csv" and len(tab_separated) > 1:
+        raise UserError(f"{key}: .csv and .tsv files cannot be mixed (comma- and tab-separated)")
+    options = {"sep": "\t"} if tab_separated == {True} else {}
     try:
-        return datasets.load_dataset(builder, data_files=paths, split="train")
+        return datasets.load_dataset(builder, data_files=paths, split="train", **options)
     except Exception as exc:  # noqa: BLE001 - a file that will not parse is the user's data
         path, reason = _find_bad_file(paths, builder, exc)
         raise UserError(f"{key}: could not read {path}: {reason}") from None

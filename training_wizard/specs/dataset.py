@@ -162,16 +162,25 @@ class TemplateInstructDatasourceSpec(DataSourceSpec):
 
     parent: DataSourceSpec = Field(description="The source whose rows fill the template (any data source).")
     messages_template: list[MessageTemplate] = Field(
-        description="Chat messages [{role, content}]; the last must be the user's."
+        description="Chat messages [{role, content}]; the last must be the user's (unless output_column = "
+        "'messages')."
     )
+    output_column: Literal["prompt", "messages"] = Field(
+        "prompt", description="'prompt': a prompt for online RL; 'messages': a whole conversation for SFT (the "
+        "template may then end with the assistant's message)."
+    )
+
+    @model_validator(mode="after")
+    def _prompt_ends_with_the_user(self) -> TemplateInstructDatasourceSpec:
+        if self.output_column == "prompt" and self.messages_template[-1].role != "user":
+            raise ValueError("messages_template: the last message must have role 'user'")
+        return self
 
     @field_validator("messages_template")
     @classmethod
     def _check_template(cls, messages: list[MessageTemplate]) -> list[MessageTemplate]:
         if not messages:
             raise ValueError("at least one message is required")
-        if messages[-1].role != "user":
-            raise ValueError("the last message must have role 'user'")
         for position, message in enumerate(messages):
             try:
                 fields = template_fields(message.content)
@@ -192,13 +201,15 @@ class TemplateInstructDatasourceSpec(DataSourceSpec):
                     )
         templates = [(m.role, m.content) for m in self.messages_template]
 
+        column = self.output_column
+
         def fill(row: dict[str, Any], index: int) -> dict[str, Any]:
-            return {"prompt": [
+            return {column: [
                 {"role": role, "content": _fill(content, row, index, label, position)}
                 for position, (role, content) in enumerate(templates)
             ]}
 
-        remove = ["prompt"] if "prompt" in parent.column_names else None
+        remove = [column] if column in parent.column_names else None
         return parent.map(fill, with_indices=True, remove_columns=remove, load_from_cache_file=False)
 
 

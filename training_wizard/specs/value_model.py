@@ -33,7 +33,7 @@ def value_model_from_policy(policy: torch.nn.Module, lora: Any = None) -> torch.
     torch.nn.init.zeros_(value.score.weight)
     if lora is None and hasattr(policy, "peft_config"):
         lora = copy.deepcopy(policy.peft_config[getattr(policy, "active_adapter", "default")])
-    return _with_lora(value, lora)
+    return with_classifier_lora(value, lora)
 
 
 def load_value_model(spec, dtype: Any, tokenizer) -> torch.nn.Module:
@@ -58,10 +58,10 @@ def load_value_model(spec, dtype: Any, tokenizer) -> torch.nn.Module:
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
-    return _with_lora(model, lora)
+    return with_classifier_lora(model, lora)
 
 
-def _with_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
+def with_classifier_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     """A peft LoRA model for sequence classification (adapter + the `score` head trainable), or `model` as is."""
     if lora is None:
         return model

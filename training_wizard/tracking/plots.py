@@ -16,12 +16,19 @@ PANEL = [
     "objective/rlhf_reward", "objective/scores", "objective/kl", "objective/non_score_reward", "objective/entropy",
     "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
     "val/ratio", "val/num_eos_tokens", "lr", "eps",
+    # the supervised stages (SFT, reward model): training metrics, then the held-out ones
+    "loss", "mean_token_accuracy", "accuracy", "margin", "grad_norm", "eval/loss", "eval/mean_token_accuracy",
+    "eval/accuracy", "eval/margin",
 ]
 UNSMOOTHED = ("lr",)  # a schedule, not a noisy estimate
+# By default a record of these keys is plotted: on-policy training records, and the supervised stages' training and
+# held-out records (on-policy evaluation records, eval/scores, are read by name).
+PLOTTED_RECORD_KEYS = ("objective/scores", "loss", "eval/loss")
 
 
-def read_records(run_dir: Path, kind: str = "objective/scores") -> list[dict]:
-    """The records of metrics.jsonl holding `kind`: training records by default, "eval/scores" for evaluations."""
+def read_records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    """The records of metrics.jsonl holding `kind` ("eval/scores" for evaluations), by default those the panel
+    plots (PLOTTED_RECORD_KEYS)."""
     path = Path(run_dir) / "metrics.jsonl"
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -29,7 +36,7 @@ def read_records(run_dir: Path, kind: str = "objective/scores") -> list[dict]:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
-        if isinstance(record, dict) and kind in record:
+        if isinstance(record, dict) and any(key in record for key in ((kind,) if kind else PLOTTED_RECORD_KEYS)):
             records.append(record)
     return records
 

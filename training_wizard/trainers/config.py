@@ -38,17 +38,46 @@ DEFAULT_SEED = 42
 SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
 
 
-class OnPolicyConfig(Spec):
-    """Options shared by the on-policy trainers (RLOO now, PPO next)."""
+class RunConfig(Spec):
+    """Options every trainer shares, on-policy (RLOO, PPO) and supervised (SFT, reward model): the run's folder
+    and seed, the AdamW settings, logging, checkpoints and trackers. An "iteration" is one rollout and its update
+    on-policy, and one optimizer step in the supervised trainers."""
 
     model_config = Spec.model_config | {"populate_by_name": True}
 
     # -- run ---------------------------------------------------------------------------------------------------
     output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
     seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
+    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
+    # -- optimisation --------------------------------------------------------------------------------------------
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="Learning-rate schedule over the iterations (stepped once per iteration)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Iterations of linear warmup (overrides warmup_ratio if > 0).")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Share of iterations used for warmup.")
+    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
+    max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
+    # -- logging, saving ---------------------------------------------------------------------------------------
+    logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
+    eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
+    save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
+    save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
+    )
+
+
+class OnPolicyConfig(RunConfig):
+    """Options shared by the on-policy trainers (RLOO now, PPO next)."""
+
     # -- batch sizes (see the module docstring) ------------------------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
-    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
     num_mini_batches: PositiveInt = Field(
         1,
         description="Optimizer steps per PPO epoch over one rollout batch. Newer TRL name: steps_per_generation.",
@@ -70,16 +99,6 @@ class OnPolicyConfig(Spec):
     )
     # -- optimisation --------------------------------------------------------------------------------------------
     learning_rate: PositiveFloat = Field(3e-6, description="Peak AdamW learning rate.")
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "linear", description="Learning-rate schedule over the iterations (stepped once per iteration)."
-    )
-    warmup_steps: int = Field(0, ge=0, description="Iterations of linear warmup (overrides warmup_ratio if > 0).")
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Share of iterations used for warmup.")
-    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
-    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
-    adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
-    max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
     gradient_checkpointing: bool = Field(
         False, description="Trade compute for memory in the update. Slows generation; keep off when memory allows."
     )
@@ -128,23 +147,13 @@ class OnPolicyConfig(Spec):
         "too). PPO: whiten the per-token rewards over the batch's real tokens (std 1, mean kept).",
     )
     # -- logging, evaluation, saving ----------------------------------------------------------------------------
-    logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
     num_sample_generations: int = Field(
         10, ge=0, description="How many times per run to print and save a sample table (0 disables)."
     )
-    eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
-    save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
-    save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
     skip_nonfinite_batches: bool = Field(
         False,
         description="On a NaN/inf in logits, loss or gradient, skip that mini-batch's optimizer step (counted in "
         "guards/skipped_batches; a non-finite rollout skips the whole update) instead of stopping the run.",
-    )
-    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
-    )
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
     )
     ds3_gather_for_generation: bool = Field(
         True, description="Under DeepSpeed ZeRO-3, gather full weights for generation (faster, more memory)."
@@ -488,3 +497,102 @@ class BatchPlan:
 
     def rows(self) -> list[tuple[str, int]]:
         return list(asdict(self).items())
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Supervised stages: SFT and reward models (TRL's SFTConfig and RewardConfig names)
+
+
+class SupervisedConfig(RunConfig):
+    """Options of the supervised loop (trainers/supervised.py). One iteration is one optimizer step over
+    `per_device_train_batch_size x gradient_accumulation_steps x processes` examples of a shared seeded order,
+    epoch after epoch."""
+
+    per_device_train_batch_size: PositiveInt = Field(
+        8, description="Examples per forward/backward pass: sequences (packed rows with packing) or preference pairs."
+    )
+    per_device_eval_batch_size: PositiveInt = Field(8, description="Examples per forward pass in evaluation.")
+    num_train_epochs: PositiveFloat = Field(3.0, description="Passes over the training rows (unless max_steps is set).")
+    max_steps: PositiveInt | None = Field(
+        None, description="Optimizer steps in all; overrides num_train_epochs when set."
+    )
+    max_length: PositiveInt | None = Field(
+        1024, description="Keep at most this many tokens of each example (the end is cut off); null keeps all."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward: less memory, "
+                                         "about a third more compute.")
+
+    def supervised_plan(self, world_size: int, rows: int) -> SupervisedPlan:
+        """Examples per step and the number of steps, derived once."""
+        batch = self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
+        steps = self.max_steps or max(1, math.ceil(self.num_train_epochs * rows / batch))
+        return SupervisedPlan(world_size=world_size, rows=rows, batch_size=batch,
+                              micro_batch_size=self.per_device_train_batch_size, num_steps=steps)
+
+
+class SFTConfig(SupervisedConfig):
+    """Supervised fine-tuning (TRL's SFTConfig names): next-token cross-entropy on the completion tokens."""
+
+    learning_rate: PositiveFloat = Field(2e-5, description="Peak AdamW learning rate (TRL's SFTConfig default).")
+    completion_only_loss: bool = Field(
+        True,
+        description="Train on the completion tokens only: the `completion` of prompt/completion rows, the assistant "
+        "turns of `messages` rows (TRL's assistant_only_loss, accepted as an alias). false: every token. Rows of "
+        "plain `text` always train on every token.",
+        validation_alias=_alias("completion_only_loss", "assistant_only_loss"),
+    )
+    packing: bool = Field(
+        False,
+        description="Pack several examples into each row of max_length tokens (first fit, longest first). Position "
+        "ids restart at each example, so no token attends to another example (transformers builds the block-diagonal "
+        "mask from them on eager, sdpa and flash attention); the loss equals the unpacked one.",
+    )
+    add_eos_token: bool = Field(
+        True, description="End each prompt/completion row's completion with the EOS token if it lacks one (as TRL does)."
+    )
+
+
+class RewardConfig(SupervisedConfig):
+    """Reward-model training (TRL's RewardConfig names): the Bradley-Terry loss on chosen/rejected pairs."""
+
+    learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
+    center_rewards_coefficient: NonNegativeFloat | None = Field(
+        None, description="Weight of the term mean((r_chosen + r_rejected)^2), which keeps rewards centred on zero "
+        "(Eisenstein et al. 2023; TRL's RewardConfig). null or 0: off."
+    )
+    disable_dropout: bool = Field(True, description="Turn dropout off in the model (as TRL's RewardConfig does).")
+
+
+class SequenceClassificationConfig(SupervisedConfig):
+    """Sequence classification (training-wizard 1.0's sequence_classification recipe): a classifier with
+    `num_labels` outputs trained on text rows with an integer label."""
+
+    learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
+    loss_type: Literal["cross_entropy", "binary_cross_entropy"] = Field(
+        "cross_entropy", description="cross_entropy: softmax over num_labels classes; binary_cross_entropy: one "
+        "output, labels 0/1, sigmoid."
+    )
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Label smoothing of the loss.")
+    num_labels: PositiveInt = Field(2, description="Outputs of the classifier (1 for binary_cross_entropy).")
+    text_column: str = Field("text", description="The column with the text to classify.")
+    label_column: str = Field("labels", description="The column with the integer label.")
+
+    @model_validator(mode="after")
+    def _binary_has_one_output(self) -> SequenceClassificationConfig:
+        if self.loss_type == "binary_cross_entropy" and self.num_labels != 1:
+            raise ValueError("loss_type = binary_cross_entropy needs num_labels = 1")
+        return self
+
+
+@dataclass(frozen=True)
+class SupervisedPlan:
+    world_size: int
+    rows: int
+    batch_size: int
+    micro_batch_size: int
+    num_steps: int
+
+    def rows_table(self) -> list[tuple[str, int]]:
+        return [("training rows", self.rows), ("examples per step (batch_size)", self.batch_size),
+                ("examples per forward pass", self.micro_batch_size), ("processes", self.world_size),
+                ("optimizer steps", self.num_steps)]

@@ -21,7 +21,7 @@ from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen,
 )
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
-from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.config import OnPolicyConfig, RunConfig
 
 
 @dataclass
@@ -87,17 +87,7 @@ def prepare_models(
     params = [p for model in trained.values() for p in model.parameters() if p.requires_grad]
     if not any(p.requires_grad for p in policy.parameters()):
         raise UserError("model: the policy has no trainable parameters")
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=config.learning_rate,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_epsilon,
-        weight_decay=config.weight_decay,
-    )
-    from transformers import get_scheduler
-
-    warmup = config.warmup_steps or int(config.warmup_ratio * num_iterations)
-    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, warmup, num_iterations)
+    optimizer, scheduler = build_optimizer(params, config, num_iterations)
     configure_deepspeed(accelerator, config)
     *prepared_models, optimizer = accelerator.prepare(*trained.values(), optimizer)
     prepared = dict(zip(trained, prepared_models))
@@ -144,7 +134,23 @@ def resolve_logprobs_from_sampling(config: OnPolicyConfig, accelerator: Accelera
     return all_float32 and no_autocast and unfiltered and not engine_kind(accelerator) and not config.use_vllm
 
 
-def configure_deepspeed(accelerator: Accelerator, config: OnPolicyConfig) -> None:
+def build_optimizer(params: list[torch.nn.Parameter], config: RunConfig, num_iterations: int):
+    """(AdamW over `params`, its learning-rate schedule over `num_iterations` scheduler steps): the optimizer of
+    every trainer, on-policy and supervised."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+    )
+    warmup = config.warmup_steps or int(config.warmup_ratio * num_iterations)
+    return optimizer, get_scheduler(config.lr_scheduler_type, optimizer, warmup, num_iterations)
+
+
+def configure_deepspeed(accelerator: Accelerator, config: RunConfig) -> None:
     """DeepSpeed needs its micro-batch size up front (there is no dataloader for accelerate to read it from)."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is None:

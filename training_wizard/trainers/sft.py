@@ -1,0 +1,210 @@
+"""Supervised fine-tuning on the supervised loop (trainers/supervised.py): rows in TRL's SFT formats become token
+ids with a loss mask, optionally packed, and the loss is next-token cross-entropy on the masked-in tokens.
+
+Row formats (as TRL's SFTTrainer reads them):
+  language modelling     {"text": "..."}                                              every token trains
+  prompt/completion      {"prompt": "...", "completion": "..."}                       the completion trains
+  conversational p/c     {"prompt": [messages], "completion": [assistant messages]}   the completion trains
+  conversational         {"messages": [{"role": ..., "content": ...}, ...]}           the assistant turns train
+With `completion_only_loss = false` every token trains in every format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from training_wizard.core.supervised import token_loss_sums
+from training_wizard.errors import UserError
+from training_wizard.trainers.config import SFTConfig
+from training_wizard.trainers.supervised import SupervisedTrainer
+
+
+@dataclass
+class SFTExample:
+    """One training row: token ids, the loss mask (True = a target token), and the position ids, which restart
+    at 0 at each example a packed row holds."""
+
+    input_ids: list[int]
+    loss_mask: list[bool]
+    position_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Encoding rows
+
+
+def _chat_ids(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
+        encoded = encoded["input_ids"]
+    return list(encoded)
+
+
+def _text_ids(tokenizer, text: str, special: bool) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def _messages_segments(tokenizer, messages: list[dict[str, str]], where: str) -> list[tuple[list[int], bool]]:
+    """(token ids, trains) pieces of a conversation: each assistant turn is what rendering it adds to the
+    conversation before it with the generation prompt; everything else is context. Needs a template whose
+    rendering of a conversation starts with the rendering of each of its prefixes (ChatML-style ones do)."""
+    segments: list[tuple[list[int], bool]] = []
+    done: list[int] = []
+    for turn, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _chat_ids(tokenizer, messages[:turn], generation_prompt=True) if turn else []
+        upto = _chat_ids(tokenizer, messages[: turn + 1], generation_prompt=False)
+        if before[: len(done)] != done or upto[: len(before)] != before:
+            raise UserError(f"{where}: the chat template does not render this conversation turn by turn (a prefix "
+                            "renders differently), so assistant tokens cannot be found; set "
+                            "training.completion_only_loss = false to train on every token")
+        segments += [(before[len(done):], False), (upto[len(before):], True)]
+        done = upto
+    everything = _chat_ids(tokenizer, messages, generation_prompt=False)
+    if everything[: len(done)] != done:
+        raise UserError(f"{where}: the chat template renders the whole conversation differently from its turns")
+    segments.append((everything[len(done):], False))
+    return segments
+
+
+def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str) -> list[tuple[list[int], bool]]:
+    """The row as (token ids, trains) pieces, before `completion_only_loss` and truncation."""
+    if "messages" in row:
+        messages = row["messages"]
+        if not _is_conversation(messages):
+            raise UserError(f"{where}: 'messages' must be a list of {{role, content}} messages")
+        _need_template(tokenizer, where)
+        return _messages_segments(tokenizer, messages, where)
+    if "prompt" in row and "completion" in row:
+        prompt, completion = row["prompt"], row["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            ids = _text_ids(tokenizer, completion, special=False)
+            eos = tokenizer.eos_token_id
+            if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
+                ids.append(eos)
+            return [(_text_ids(tokenizer, prompt, special=True), False), (ids, True)]
+        if _is_conversation(prompt) and _is_conversation(completion):
+            _need_template(tokenizer, where)
+            before = _chat_ids(tokenizer, prompt, generation_prompt=True)
+            whole = _chat_ids(tokenizer, prompt + completion, generation_prompt=False)
+            if whole[: len(before)] != before:
+                raise UserError(f"{where}: the chat template renders prompt + completion so that the prompt is not a "
+                                "prefix of it; the completion tokens cannot be found")
+            return [(before, False), (whole[len(before):], True)]
+        raise UserError(f"{where}: 'prompt' and 'completion' must both be strings or both lists of messages")
+    if "text" in row and isinstance(row["text"], str):
+        return [(_text_ids(tokenizer, row["text"], special=True), True)]
+    raise UserError(f"{where}: expected a 'text', 'prompt' + 'completion', or 'messages' column "
+                    f"(found: {', '.join(row) or 'none'})")
+
+
+def _is_conversation(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value))
+
+
+def _need_template(tokenizer, where: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"{where}: conversational rows need a tokenizer with a chat template (model.tokenizer_name)")
+
+
+def encode_sft_row(row: dict[str, Any], tokenizer, config: SFTConfig, where: str = "dataset row 0") -> SFTExample:
+    """One row as token ids and loss mask, cut to `max_length` tokens."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    text_row = "text" in row and "messages" not in row and "completion" not in row
+    for piece, trains in _row_segments(row, tokenizer, config, where):
+        ids += piece
+        mask += [trains or text_row or not config.completion_only_loss] * len(piece)
+    if config.max_length is not None:
+        ids, mask = ids[: config.max_length], mask[: config.max_length]
+    if mask:
+        mask[0] = False  # nothing predicts an example's first token (in a packed row: not the previous example)
+    return SFTExample(ids, mask, list(range(len(ids))))
+
+
+def encode_sft_rows(rows, tokenizer, config: SFTConfig, label: str = "dataset") -> tuple[list[SFTExample], int]:
+    """Every row encoded; rows left with no target token (after truncation, a completion cut off entirely, or
+    the first token alone) are dropped. Returns (examples, how many were dropped)."""
+    examples, dropped = [], 0
+    for index, row in enumerate(rows):
+        example = encode_sft_row(dict(row), tokenizer, config, f"{label} row {index}")
+        if any(example.loss_mask):
+            examples.append(example)
+        else:
+            dropped += 1
+    if not examples:
+        raise UserError(f"{label}: no row has a token to train on (completions empty or cut off by "
+                        "training.max_length)")
+    return examples, dropped
+
+
+def pack_examples(examples: list[SFTExample], max_length: int) -> list[SFTExample]:
+    """Examples packed into rows of at most `max_length` tokens: longest first, each into the first row with
+    room (first-fit decreasing; ties keep the data order, so packing is deterministic). Position ids restart at 0
+    at each example, which is what keeps the examples apart in attention (transformers builds a block-diagonal
+    causal mask from them when no attention mask is given)."""
+    order = sorted(range(len(examples)), key=lambda i: -len(examples[i]))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in order:
+        size = len(examples[index])
+        slot = next((r for r, left in enumerate(room) if left >= size), None)
+        if slot is None:
+            rows.append([]), room.append(max_length)
+            slot = len(rows) - 1
+        rows[slot].append(index)
+        room[slot] -= size
+    packed = []
+    for members in rows:
+        parts = [examples[i] for i in sorted(members)]
+        packed.append(SFTExample([t for p in parts for t in p.input_ids], [m for p in parts for m in p.loss_mask],
+                                 [q for p in parts for q in p.position_ids]))
+    return packed
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Batches and the loss
+
+
+def collate(examples: list[SFTExample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded (B, T) input_ids, loss_mask and position_ids. Padding gets positions that restart at 0 and
+    no loss: under causal attention it sits after every real token, so no real token attends to it."""
+    width = max(len(e) for e in examples)
+    ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.bool)
+    positions = torch.arange(width).repeat(len(examples), 1)
+    for row, example in enumerate(examples):
+        n = len(example)
+        ids[row, :n] = torch.tensor(example.input_ids)
+        mask[row, :n] = torch.tensor(example.loss_mask)
+        positions[row, :n] = torch.tensor(example.position_ids)
+        positions[row, n:] = torch.arange(width - n)
+    return {"input_ids": ids, "loss_mask": mask, "position_ids": positions}
+
+
+class SFTTrainer(SupervisedTrainer):
+    """Next-token cross-entropy on the completion tokens, divided by the step's completion tokens over every
+    process and micro-batch (so packing, batch split and process count leave it unchanged). Metrics: `loss`,
+    `mean_token_accuracy` (TRL's: share of target tokens the argmax predicts), `num_tokens` (targets per step)."""
+
+    config: SFTConfig
+    weight_metric = "num_tokens"
+    metric_names = ("mean_token_accuracy",)
+
+    def example_weight(self, rows: list[SFTExample]) -> int:
+        return sum(sum(e.loss_mask) for e in rows)
+
+    def example_sums(self, rows: list[SFTExample]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        batch = {k: v.to(self.accelerator.device) for k, v in collate(rows, self.tokenizer.pad_token_id).items()}
+        # No attention mask: the position ids say where each example starts (see `collate` and `pack_examples`).
+        out = self.forward_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        sums = token_loss_sums(out.logits, batch["input_ids"], batch["loss_mask"])
+        return sums.loss, {"mean_token_accuracy": sums.correct.float()}
