@@ -176,7 +176,28 @@ def write_model_config(model: torch.nn.Module, folder: str) -> None:
     config.save_pretrained(folder)
 
 
-class VLLMColocateBackend(GenerationBackend):
+class _EngineOwnWeights(GenerationBackend):
+    """A backend sampling from its own copy of the policy's weights: stale after every update (and before the
+    first push), pushed by `push_weights` before the next sample. `whole` makes sharded weights whole for the push
+    (`checkpoint_weights`)."""
+
+    def __init__(self, whole: WholeState):
+        self.whole = whole
+        self._stale = True
+
+    def weights_changed(self) -> None:
+        self._stale = True
+
+    def sync_weights(self, model) -> None:
+        if self._stale:
+            self.push_weights(model)
+            self._stale = False
+
+    def push_weights(self, model: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+
+class VLLMColocateBackend(_EngineOwnWeights):
     """One vLLM engine inside this training process (vllm_mode = "colocate")."""
 
     name = "vLLM (colocate)"
@@ -184,6 +205,7 @@ class VLLMColocateBackend(GenerationBackend):
     def __init__(self, model: torch.nn.Module, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
                  tensor_parallel_size: int, sleep_mode: bool, world_size: int, sampling_options: dict[str, Any],
                  whole: WholeState = local_state):
+        super().__init__(whole)  # dummy weights until the first push
         vllm = import_vllm()
         check_engine_can_run(base_model(model).config, sleep_mode)
         self._vllm = vllm
@@ -193,8 +215,6 @@ class VLLMColocateBackend(GenerationBackend):
                                                             tensor_parallel_size, sleep_mode, world_size))
         self.sleep_mode = sleep_mode
         self.sampling_options = sampling_options
-        self.whole = whole
-        self._stale = True  # dummy weights until the first push
 
     @staticmethod
     def _engine_arguments(folder, model, max_model_len, seed, gpu_memory_utilization, tensor_parallel_size,
@@ -217,14 +237,6 @@ class VLLMColocateBackend(GenerationBackend):
             self.engine.sleep(level=2)  # free weights and KV cache for the update; the next push brings them back
         return to_generated(sampled_rows(outputs), params.pad_token_id, prompt_ids.device)
 
-    def weights_changed(self) -> None:
-        self._stale = True
-
-    def sync_weights(self, model) -> None:
-        if self._stale:
-            self.push_weights(model)
-            self._stale = False
-
     def push_weights(self, model: torch.nn.Module) -> None:
         """Load the policy's current weights into the engine, in memory (vLLM's in-place `reload_weights`)."""
         if self.sleep_mode:
@@ -238,8 +250,7 @@ class VLLMColocateBackend(GenerationBackend):
             self.engine.wake_up(tags=["kv_cache"])
 
 
-
-class VLLMServerBackend(GenerationBackend):
+class VLLMServerBackend(_EngineOwnWeights):
     """A `training-wizard vllm-serve` process reached over HTTP (vllm_mode = "server"). Every training process
     sends its own rows; the main process pushes the weights after each update (`push` says whether this process
     does) and the caller's `barrier` makes the others wait for it."""
@@ -248,13 +259,12 @@ class VLLMServerBackend(GenerationBackend):
 
     def __init__(self, model: torch.nn.Module, *, base_url: str, timeout: float, push: bool, barrier,
                  sampling_options: dict[str, Any], whole: WholeState = local_state):
+        super().__init__(whole)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.push = push
         self.barrier = barrier
         self.sampling_options = sampling_options
-        self.whole = whole
-        self._stale = True
         info = self._wait_until_up()
         check_same_model(info, base_model(model).config, self.base_url)
 
@@ -298,25 +308,21 @@ class VLLMServerBackend(GenerationBackend):
         rows = list(zip(answer["tokens"], answer["logprobs"]))
         return to_generated(rows, params.pad_token_id, prompt_ids.device)
 
-    def weights_changed(self) -> None:
-        self._stale = True
-
-    def sync_weights(self, model) -> None:
-        if self._stale:
-            self.push_weights(model)
-            self.barrier()  # no process samples before the new weights are in
-            self._stale = False
-
     def push_weights(self, model: torch.nn.Module) -> None:
         """Send the policy's weights to the server as safetensors, a bounded batch of tensors per request. Every
-        process goes through the weights (gathering sharded ones is collective); the pushing one sends them."""
-        from safetensors.torch import save
-
+        process goes through the weights (gathering sharded ones is collective); the pushing one sends them, and
+        no process samples before they are in (the barrier)."""
         weights = checkpoint_weights(model, self.whole)
-        if not self.push:
+        if self.push:
+            self._send(weights)
+        else:
             for _ in weights:
                 pass
-            return
+        self.barrier()
+
+    def _send(self, weights) -> None:
+        from safetensors.torch import save
+
         batch: dict[str, torch.Tensor] = {}
         size = 0
         for name, tensor in weights:

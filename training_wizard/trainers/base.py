@@ -371,11 +371,15 @@ class OnPolicyTrainer(UpdateLoop):
     def sampling_correction(self, rows: dict[str, torch.Tensor]) -> ImportanceWeights | None:
         """The weights that correct the update for another engine (vLLM) having sampled the rows, or None
         (core/importance_sampling.py): from the rollout's training-pass logprobs and the sampler's."""
-        config = self.config
-        if "sampling_logprobs" not in rows or not config.vllm_importance_sampling_correction:
+        if "sampling_logprobs" not in rows or not self.config.vllm_importance_sampling_correction:
             return None
+        return self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["response_mask"])
+
+    def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
+        """The bounded correction weights under the config's mode and bounds."""
+        config = self.config
         return sampling_correction_weights(
-            rows["logprobs"], rows["sampling_logprobs"], rows["response_mask"], config.vllm_importance_sampling_mode,
+            logprobs, sampling_logprobs, mask, config.vllm_importance_sampling_mode,
             config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
         )
 
@@ -385,12 +389,8 @@ class OnPolicyTrainer(UpdateLoop):
         modes)."""
         device, mask = self.accelerator.device, rollout.response_mask
         difference = (rollout.logprobs - rollout.sampling_logprobs).abs()[mask].float().to(device)
-        config = self.config
-        weights = sampling_correction_weights(
-            rollout.logprobs, rollout.sampling_logprobs, mask, config.vllm_importance_sampling_mode,
-            config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
-        )
-        per_sequence = config.vllm_importance_sampling_mode.startswith("sequence")
+        weights = self._correction_weights(rollout.logprobs, rollout.sampling_logprobs, mask)
+        per_sequence = self.config.vllm_importance_sampling_mode.startswith("sequence")
         ratios = (weights.sequence if per_sequence else weights.token[mask]).float().to(device)
         sums = self.collectives.sum(torch.stack([difference.sum(), difference.new_tensor(difference.numel()),
                                                  ratios.sum(), ratios.new_tensor(ratios.numel())]))
