@@ -1,7 +1,6 @@
 """Training with use_vllm = true (colocated engine): it learns what the decode loop learns, its weights follow every
 update, and kill -9 then resume ends where the uninterrupted run ends."""
 
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from training_wizard import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
 from training_wizard.tracking.metrics import read_metrics
 
 from conftest import vllm_sized_model
+from tests.reliability.reliability_helpers import ITERATIONS, make_recipe
 
 pytestmark = pytest.mark.vllm
 
@@ -99,34 +99,6 @@ def test_ppo_samples_with_vllm(tokenizer, tmp_path):
     assert "loss/value_avg" in metrics[-1]
 
 
-RECIPE = """\
-recipe_class = "rloo"
-output_dir = "{out}"
-seed = 5
-
-[model]
-pretrained_name = "{model}"
-
-[dataset]
-data_files = "{data}"
-
-[reward]
-spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
-function = "vllm_rewards:distinct"
-
-[training]
-use_vllm = true
-rloo_k = 2
-per_device_train_batch_size = 4
-num_ppo_epochs = 2
-total_episodes = 32
-response_length = 6
-learning_rate = 5e-3
-num_sample_generations = 2
-save_steps = 1
-"""
-
-
 def cli_run(recipe, log, *overrides, fault=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(recipe.parent)}
     env.pop("TRAINING_WIZARD_FAULT_INJECT", None)
@@ -142,14 +114,8 @@ def without_timings(metrics):
 
 
 def test_kill_9_then_resume_with_vllm_ends_where_the_uninterrupted_run_ends(tmp_path, vllm_model_dir):
-    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": f"Tell me about item {i}."})
-                                                      for i in range(6)) + "\n")
-    (tmp_path / "vllm_rewards.py").write_text(
-        "def distinct(prompts, completions, **columns):\n    return [float(len(set(c))) for c in completions]\n")
-    recipes = {}
-    for name in ("whole", "killed"):
-        recipes[name] = tmp_path / f"{name}.toml"
-        recipes[name].write_text(RECIPE.format(out=tmp_path / name, model=vllm_model_dir, data=tmp_path / "prompts.jsonl"))
+    recipes = {name: make_recipe(tmp_path, vllm_model_dir, name, extra="use_vllm = true\n")
+               for name in ("whole", "killed")}  # the reliability tests' recipe, sampling with vLLM
     assert cli_run(recipes["whole"], tmp_path / "whole.log") == 0, (tmp_path / "whole.log").read_text()[-3000:]
     code = cli_run(recipes["killed"], tmp_path / "killed1.log", fault="update@2")
     assert code == -signal.SIGKILL, (tmp_path / "killed1.log").read_text()[-3000:]
@@ -157,7 +123,7 @@ def test_kill_9_then_resume_with_vllm_ends_where_the_uninterrupted_run_ends(tmp_
     code = cli_run(recipes["killed"], tmp_path / "killed2.log", "resume_from_checkpoint=latest")
     assert code == 0, (tmp_path / "killed2.log").read_text()[-3000:]
     whole, resumed = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "killed")
-    assert len(whole) == 8 and without_timings(resumed) == without_timings(whole)
+    assert len(whole) == ITERATIONS and without_timings(resumed) == without_timings(whole)
     weights = [load_file(str(tmp_path / name / "model" / "model.safetensors")) for name in ("whole", "killed")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
