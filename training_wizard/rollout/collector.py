@@ -19,7 +19,6 @@ from typing import Any, Callable, Mapping
 import torch
 
 from training_wizard.collectives import Collectives
-from training_wizard.core.masking import truncate_after_stop
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams
