@@ -38,13 +38,19 @@ class Spec(BaseModel):
     @classmethod
     def _dispatch_spec_class(cls, data: Any, handler: Any) -> Any:
         if isinstance(data, dict):
-            name = data.get("spec_class") or cls.__dict__.get("default_spec_class")
+            name = data.get("spec_class") or cls.default_spec_class_for(data)
             if name is not None:
                 data = {k: v for k, v in data.items() if k != "spec_class"}
                 target = import_spec_class(name, cls)
                 if target is not cls:
                     return target.model_validate(data)
         return handler(data)
+
+    @classmethod
+    def default_spec_class_for(cls, data: dict[str, Any]) -> str | None:
+        """The subclass a table without `spec_class` becomes; a spec type whose default depends on the table's keys
+        overrides this. Only the declared class's own default counts, never one inherited from a base."""
+        return cls.__dict__.get("default_spec_class")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data that reloads to an equal spec: every nested spec carries its `spec_class`."""

@@ -200,6 +200,9 @@ class RolloutCollector:
             columns["completion_has_eos"] = has_stop.tolist()
             if self.reward.uses_raw_text():
                 columns.update(self._raw_text(prompt_ids, prompt_mask, responses, mask))
+            if self.reward.uses_trl_inputs():
+                columns["completion_ids"] = [ids[keep].tolist() for ids, keep in zip(responses, mask)]
+                columns["dataset_prompts"] = [prompts.prompts[i] if prompts.prompts else None for i in rows]
             error, totals = None, []
             try:
                 totals, components = self.reward.score(queries, completions, columns, step=step)

@@ -33,11 +33,14 @@ def prompt_text(prompt: str | list[dict[str, str]]) -> str:
 
 @dataclass
 class EncodedPrompts:
-    """The dataset prepared once: token ids, the query text, and the other columns for the reward."""
+    """The dataset prepared once: token ids, the query text, the other columns for the reward, and each row's
+    `prompt` as the dataset holds it (a string or a message list; None for a pre-tokenised row), which rewards in
+    TRL's form receive."""
 
     input_ids: list[list[int]]
     queries: list[str]
     columns: dict[str, list[Any]] = field(default_factory=dict)
+    prompts: list[Any] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -48,7 +51,7 @@ class EncodedPrompts:
         rows = list(rows) if not isinstance(rows, list) else rows
         if not rows:
             raise UserError("dataset: no rows to train on")
-        ids, queries = [], []
+        ids, queries, originals = [], [], []
         extra = [k for k in rows[0] if k not in ("prompt", "input_ids")]
         columns: dict[str, list[Any]] = {k: [] for k in extra}
         for index, row in enumerate(rows):
@@ -61,9 +64,10 @@ class EncodedPrompts:
                 validate_prompt_row(row, index)
                 ids.append(render_prompt(tokenizer, row["prompt"]))
                 queries.append(prompt_text(row["prompt"]))
+            originals.append(row.get("prompt"))
             for key in extra:
                 columns[key].append(row.get(key))
-        return cls(ids, queries, columns)
+        return cls(ids, queries, columns, originals)
 
     def left_pad(self, indices: list[int], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, mask), each (len(indices), longest), padded on the left."""

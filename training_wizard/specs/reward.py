@@ -6,6 +6,10 @@ The trainer calls `score(prompts, completions, columns, step)`, which also retur
 UserError naming the component, the step and the row. The trainer passes the dataset row's columns plus
 `completion_has_eos` (bool per completion: the completion ended with the stop token).
 
+Reward functions in TRL's form (a list with weights, None, async) are `specs/reward_functions.py`; a reward served
+over HTTP is `specs/remote_reward.py`; built-in verifiable rewards (answer accuracy, format, overlong) are
+`specs/verifiable.py`.
+
 Built-in text metrics (length ratio, EOS, novelty, Jaccard, edit distance, embedding similarity, regex,
 sentiment) live in `training_wizard.specs.text_metrics`.
 """
@@ -37,9 +41,25 @@ class RewardSpec(Spec):
     # tokens included) and `raw_completions` (special tokens kept, the stop token included) among the columns.
     needs_raw_text: ClassVar[bool] = False
 
+    # True: the trainer also passes `completion_ids` (each completion's token ids, stop token included, no padding)
+    # and `dataset_prompts` (each row's `prompt` as the dataset holds it: a string or a message list; None for a
+    # pre-tokenised row) among the columns.
+    needs_trl_inputs: ClassVar[bool] = False
+
     def uses_raw_text(self) -> bool:
         """Whether this reward (or any reward inside it) needs the raw-text columns."""
         return self.needs_raw_text
+
+    def uses_trl_inputs(self) -> bool:
+        """Whether this reward (or any reward inside it) needs `completion_ids` and `dataset_prompts`."""
+        return self.needs_trl_inputs
+
+    @classmethod
+    def default_spec_class_for(cls, data: dict[str, Any]) -> str | None:
+        """A `[reward]` table with `reward_funcs` and no `spec_class` is a RewardFunctionsSpec (TRL's keys)."""
+        if cls is RewardSpec and "reward_funcs" in data:
+            return "training_wizard.specs.reward_functions.RewardFunctionsSpec"
+        return super().default_spec_class_for(data)
 
     @model_validator(mode="after")
     def _not_abstract(self) -> RewardSpec:
@@ -350,6 +370,9 @@ class MultiRewardSpec(RewardSpec):
 
     def uses_raw_text(self) -> bool:
         return any(component.spec.uses_raw_text() for component in self.components.values())
+
+    def uses_trl_inputs(self) -> bool:
+        return any(component.spec.uses_trl_inputs() for component in self.components.values())
 
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any

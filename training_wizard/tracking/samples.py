@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,18 @@ class SampleTable:
             table.add_column(column, overflow="fold")
         with self.path.open("a", encoding="utf-8") as handle:
             for row, (query, response, score) in enumerate(zip(queries, responses, scores)):
-                parts = {name: values[row] for name, values in components.items()}
+                parts = {name: _number_or_none(values[row]) for name, values in components.items()}
                 record: dict[str, Any] = {
                     "step": step, "episode": episode, "query": query, "response": response, "score": score,
                     **{f"rewards/{name}": value for name, value in parts.items()},
                     **({"probe": True} if probe else {}),
                 }
                 handle.write(json.dumps(record) + "\n")
-                table.add_row(query, response, f"{score:.4f}", *(f"{value:.4f}" for value in parts.values()))
+                shown = ("-" if value is None else f"{value:.4f}" for value in parts.values())
+                table.add_row(query, response, f"{score:.4f}", *shown)
         return table
+
+
+def _number_or_none(value: float) -> float | None:
+    """None for NaN, which JSON cannot hold: a reward function in TRL's form returned None (it did not score)."""
+    return None if isinstance(value, float) and math.isnan(value) else value

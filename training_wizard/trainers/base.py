@@ -363,10 +363,19 @@ class OnPolicyTrainer(UpdateLoop):
             "tokens_per_s": float(self.collectives.sum(tokens)) / max(sum(timings.values()), 1e-9),
         }
         for name, values in rollout.components.items():
-            metrics[f"rewards/{name}"] = mean(torch.tensor(values))
+            metrics[f"rewards/{name}"] = self._component_mean(values)
         if rollout.sampling_logprobs is not None:
             metrics.update(self._sampling_metrics(rollout))
         return metrics
+
+    def _component_mean(self, values: list[float]) -> float:
+        """Mean of a reward component over every process's completions it scored: a reward function in TRL's form
+        that returned None for a completion leaves NaN there (specs/reward_functions.py). NaN when none scored."""
+        local = torch.tensor(values, dtype=torch.float32)
+        scored = ~local.isnan()
+        sums = torch.stack([local[scored].sum(), scored.sum().float()]).to(self.accelerator.device)
+        sums = self.collectives.sum(sums)
+        return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan
 
     def sampling_correction(self, rows: dict[str, torch.Tensor]) -> ImportanceWeights | None:
         """The weights that correct the update for another engine (vLLM) having sampled the rows, or None

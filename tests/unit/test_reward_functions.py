@@ -1,0 +1,249 @@
+"""Reward functions in TRL's form: loading, keyword calls, weights and None, async concurrency, errors, and the
+collector passing completion ids and the iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+
+import pytest
+import torch
+
+from training_wizard.spec import Spec
+from training_wizard.specs.reward import MultiRewardSpec, RewardSpec
+from training_wizard.specs.reward_functions import RewardFunctionsSpec
+
+MODULE = "tw_trl_rewards"
+
+
+class Holder(Spec):
+    """A stand-in recipe with one [reward] table."""
+
+    reward: RewardSpec
+
+
+def reward(**keys) -> RewardSpec:
+    return Holder.model_validate({"reward": keys}).reward
+
+
+calls: list[dict] = []
+
+
+def recorder(prompts, completions, completion_ids, trainer_state, **columns):
+    calls.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                      trainer_state=trainer_state, columns=columns))
+    return [float(len(c if isinstance(c, str) else c[0]["content"])) for c in completions]
+
+
+def only_even(prompts, completions, **kwargs):
+    return [10.0 if i % 2 == 0 else None for i in range(len(completions))]
+
+
+def never(prompts, completions, **kwargs):
+    return [None] * len(completions)
+
+
+def raises_on_b(prompts, completions, **kwargs):
+    if "b" in completions:
+        raise ValueError("no b please")
+    return [1.0] * len(completions)
+
+
+def too_short(prompts, completions, **kwargs):
+    return [1.0]
+
+
+def a_word(prompts, completions, **kwargs):
+    return ["high"] * len(completions)
+
+
+async def slow_one(prompts, completions, **kwargs):
+    await asyncio.sleep(0.3)
+    return [1.0] * len(completions)
+
+
+async def slow_two(prompts, completions, **kwargs):
+    await asyncio.sleep(0.3)
+    return [2.0] * len(completions)
+
+
+async def async_raises_on_b(prompts, completions, **kwargs):
+    await asyncio.sleep(0)
+    return raises_on_b(prompts, completions)
+
+
+@pytest.fixture(autouse=True)
+def module(monkeypatch):
+    """This test file as an importable module under a fixed name, so recipes can name its functions."""
+    monkeypatch.setitem(sys.modules, MODULE, sys.modules[__name__])
+    calls.clear()
+
+
+def funcs(*names, **keys) -> RewardSpec:
+    return reward(reward_funcs=[f"{MODULE}:{name}" for name in names], **keys)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def test_reward_funcs_without_spec_class_is_this_spec():
+    spec = funcs("recorder", "only_even", reward_weights=[1.0, 0.5])
+    assert isinstance(spec, RewardFunctionsSpec) and spec.weights() == [1.0, 0.5]
+    assert funcs("recorder").weights() == [1.0]
+    # a table with neither keeps the old error
+    with pytest.raises(Exception, match="spec_class is required"):
+        reward()
+
+
+@pytest.mark.parametrize("keys, expected", [
+    ({"reward_funcs": [f"{MODULE}:recorder", f"{MODULE}:nope"]}, "reward_funcs[1]: 'tw_trl_rewards:nope' could not"),
+    ({"reward_funcs": ["no_colon"]}, "reward_funcs[0]: 'no_colon' is not of the form"),
+    ({"reward_funcs": [f"{MODULE}:recorder"], "reward_weights": [1.0, 2.0]},
+     "reward_weights: 2 weights for 1 reward_funcs"),
+    ({"reward_funcs": []}, "reward_funcs"),
+])
+def test_loading_errors_name_the_key(keys, expected):
+    with pytest.raises(Exception, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        reward(**keys)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Calls, weights and None
+
+
+def test_called_by_keyword_with_columns_ids_and_state():
+    spec = funcs("recorder")
+    total, components = spec.score(["q1", "q2"], ["abc", "de"],
+                                   {"answer": ["1", "2"], "completion_ids": [[5, 6, 2], [7]],
+                                    "dataset_prompts": ["Q1", "Q2"], "completion_has_eos": [True, False]}, step=7)
+    assert total == [3.0, 2.0] and components == {"recorder": [3.0, 2.0]}
+    (call,) = calls
+    assert call["prompts"] == ["Q1", "Q2"]  # the dataset's prompt, not the query text
+    assert call["completions"] == ["abc", "de"] and call["completion_ids"] == [[5, 6, 2], [7]]
+    assert call["trainer_state"].global_step == 7
+    assert call["columns"] == {"answer": ["1", "2"], "completion_has_eos": [True, False]}
+
+
+def test_conversational_rows_get_messages():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    funcs("recorder").score(["Hi", "plain"], ["hello", "x"], {"dataset_prompts": [chat, "plain"]})
+    (call,) = calls
+    assert call["prompts"] == [chat, "plain"]
+    assert call["completions"] == [[{"role": "assistant", "content": "hello"}], "x"]
+
+
+def test_without_trainer_columns_the_query_stands_in_and_ids_are_none():
+    funcs("recorder").score(["q"], ["abc"], {})
+    assert calls[0]["prompts"] == ["q"] and calls[0]["completion_ids"] is None
+
+
+def test_weighted_sum_leaves_out_none():
+    # row 0: 1*3 + 0.5*10 = 8; row 1: only recorder scored it: 1*2 = 2; row 2: 1*1 + 0.5*10 = 6
+    total, components = funcs("recorder", "only_even", reward_weights=[1.0, 0.5]).score(
+        ["p"] * 3, ["abc", "de", "f"], {})
+    assert total == [8.0, 2.0, 6.0]
+    assert components["recorder"] == [3.0, 2.0, 1.0]
+    assert components["only_even"][0] == 10.0 and math.isnan(components["only_even"][1])
+
+
+def test_a_row_no_function_scored_is_an_error_naming_it():
+    with pytest.raises(Exception, match=r"at step 4, row 1: every reward function returned None"):
+        funcs("only_even", "never").score(["p"] * 2, ["a", "b"], {}, step=4)
+
+
+def test_inside_a_multi_reward_the_components_nest():
+    spec = MultiRewardSpec(components={"trl": {"spec": funcs("recorder", "only_even"), "weight": 2.0}})
+    total, logged = spec.score(["p"] * 2, ["abc", "de"], {})
+    assert total == [2 * 13.0, 2 * 2.0]
+    assert set(logged) == {"trl", "trl.recorder", "trl.only_even"}
+
+
+def test_repeated_function_names_get_suffixes():
+    _, components = funcs("recorder", "recorder").score(["p"], ["ab"], {})
+    assert list(components) == ["recorder", "recorder_2"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# async
+
+
+def test_async_functions_run_concurrently():
+    spec = funcs("slow_one", "slow_two", "recorder")
+    started = time.perf_counter()
+    total, _ = spec.score(["p"] * 2, ["ab", "c"], {})
+    elapsed = time.perf_counter() - started
+    assert total == [1 + 2 + 2.0, 1 + 2 + 1.0]
+    assert elapsed < 0.5, elapsed  # one after the other would take 0.6 s
+
+
+def test_async_functions_work_inside_a_running_loop():
+    async def caller():
+        return funcs("slow_one").score(["p"], ["a"], {})[0]
+
+    assert asyncio.run(caller()) == [1.0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Errors
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("raises_on_b", "reward function 'raises_on_b' raised at step 3, row 1: ValueError: no b please"),
+    ("async_raises_on_b", "reward function 'async_raises_on_b' raised at step 3, row 1: ValueError: no b please"),
+    ("too_short", "reward function 'too_short' at step 3: returned 1 values for 3 completions"),
+    ("a_word", "reward function 'a_word' at step 3, row 0: expected a float, got 'high'"),
+])
+def test_errors_are_one_line_naming_function_step_and_row(name, expected):
+    with pytest.raises(Exception) as caught:
+        funcs("recorder", name).score(["p"] * 3, ["a", "b", "c"], {}, step=3)
+    message = str(caught.value)
+    assert message.startswith(expected) and "\n" not in message
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Through the trainer
+
+
+seen: list[dict] = []
+
+
+def keep_ids(prompts, completions, completion_ids, trainer_state, **columns):
+    seen.append({"ids": completion_ids, "step": trainer_state.global_step, "prompts": prompts})
+    return [None if i == 0 else float(len(ids)) for i, ids in enumerate(completion_ids)]
+
+
+def count_x(prompts, completions, **columns):
+    return [float(c.count("x")) for c in completions]
+
+
+def test_trainer_passes_sampled_ids_and_iteration(tmp_path):
+    from training_wizard import RLOOConfig, RLOOTrainer
+    from training_wizard.testing import build_causal_lm, build_tokenizer
+    from training_wizard.tracking.metrics import read_metrics
+
+    seen.clear()
+    tokenizer = build_tokenizer()
+    config = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, total_episodes=8, response_length=5,
+                        num_sample_generations=0, rloo_k=2)
+    spec = funcs("keep_ids", "count_x")
+    trainer = RLOOTrainer(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer), reward_model=spec,
+                          train_dataset=[{"prompt": f"Say {i}."} for i in range(4)])
+    trainer.train()
+    assert [s["step"] for s in seen] == [0, 1]  # two iterations, counted from 0 like TRL's global_step
+    assert seen[0]["prompts"][0].startswith("Say ")
+    rollout = trainer.collector.collect(trainer.train_prompts, [0, 1], [11, 12], step=5)
+    assert seen[-1]["step"] == 5
+    sampled = [ids[keep].tolist() for ids, keep in zip(rollout.responses, rollout.response_mask)]
+    assert seen[-1]["ids"] == sampled and all(len(ids) > 0 for ids in sampled)
+    assert math.isnan(rollout.components["keep_ids"][0]) and rollout.components["keep_ids"][1] == len(sampled[1])
+    assert rollout.scores.tolist() == [rollout.components["count_x"][0],
+                                       len(sampled[1]) + rollout.components["count_x"][1]]
+    # the logged component is the mean over the completions the function scored (row 0 of each batch is None)
+    first = read_metrics(tmp_path)[0]
+    lengths = [len(ids) for ids in seen[0]["ids"][1:]]
+    assert first["rewards/keep_ids"] == pytest.approx(sum(lengths) / len(lengths))
+    assert math.isfinite(first["objective/scores"])
+    assert torch.isfinite(rollout.scores).all()

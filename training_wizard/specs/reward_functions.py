@@ -1,0 +1,226 @@
+"""Reward functions in TRL's form: a list of functions with weights, so a TRL GRPO recipe's rewards port as they are.
+
+Each function is called by keyword, as TRL's GRPOTrainer calls it:
+
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns) -> list[float | None]
+
+- `prompts`: the dataset's `prompt` per completion: a string (standard rows) or the message list (conversational).
+- `completions`: the decoded completion per completion: a string for standard rows, `[{"role": "assistant",
+  "content": text}]` for conversational ones (TRL's convention).
+- `completion_ids`: each completion's token ids without padding, the stop token included when it was sampled
+  (as TRL passes them).
+- `trainer_state`: a read-only `RewardTrainerState` with `global_step` (iterations completed, 0 at the first).
+- `columns`: the dataset row's other columns, plus `completion_has_eos`.
+
+A function may return None for a completion it does not score: the weighted sum then leaves it out for that
+completion (TRL's nansum). A completion no function scored is an error naming the row. Each function is logged as
+`rewards/<function name>`: the mean over the completions it scored (None values travel as NaN inside the
+components; the total is always finite). `async def` functions run concurrently on one event loop per scoring call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from pydantic import Field, field_validator, model_validator
+
+from training_wizard.errors import UserError
+from training_wizard.specs.reward import RewardError, RewardSpec, check_rewards, guarded_call, resolve_function
+
+
+@dataclass(frozen=True)
+class RewardTrainerState:
+    """What a reward function sees as `trainer_state`. `global_step`: the iterations completed before this rollout
+    (0 at the first), which is the metrics' step minus one. TRL passes its `TrainerState`, whose `global_step`
+    counts the optimizer steps completed; ours counts iterations (each one rollout and its update)."""
+
+    global_step: int
+
+
+class RewardFunctionsSpec(RewardSpec):
+    """TRL's `reward_funcs` and `reward_weights`: the reward is sum_i w_i r_i over the functions that scored it.
+
+    A `[reward]` table with `reward_funcs` needs no `spec_class`.
+    """
+
+    needs_trl_inputs: ClassVar[bool] = True
+
+    reward_funcs: list[str] = Field(
+        min_length=1, description="Import paths of the reward functions, 'package.module:function' each; each is "
+        "called TRL-style by keyword (prompts, completions, completion_ids, trainer_state, row columns)."
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per function, in the order of reward_funcs; default: 1.0 each."
+    )
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _importable_now(cls, paths: list[str]) -> list[str]:
+        """Import every function when the recipe loads, so --dry-run catches a typo before any model loads."""
+        for index, path in enumerate(paths):
+            resolve_function(path, raising=ValueError, key=f"reward_funcs[{index}]: ")
+        return paths
+
+    @model_validator(mode="after")
+    def _one_weight_per_function(self) -> RewardFunctionsSpec:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} "
+                             "reward_funcs (one weight per function)")
+        if self.reward_weights is not None and not all(math.isfinite(w) for w in self.reward_weights):
+            raise ValueError("reward_weights: every weight must be a finite number")
+        return self
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """{logged name: function}: the function's `__name__` (TRL's name), suffixed `_2`, `_3`... on repeats."""
+        named: dict[str, Callable[..., Any]] = {}
+        for path in self.reward_funcs:
+            fn = resolve_function(path, raising=UserError, key="reward.reward_funcs: ")
+            base = getattr(fn, "__name__", None) or path.rpartition(":")[2]
+            name, count = base, 1
+            while name in named:
+                count += 1
+                name = f"{base}_{count}"
+            named[name] = fn
+        return named
+
+    def weights(self) -> list[float]:
+        return list(self.reward_weights) if self.reward_weights is not None else [1.0] * len(self.reward_funcs)
+
+    def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        return self.score(prompts, completions, columns)[0]
+
+    def compute_components(
+        self, prompts: list[str], completions: list[str], **columns: Any
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        return self.score(prompts, completions, columns)
+
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        step: int = 0,
+        label: str | None = None,
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """(weighted totals, {function name: values with NaN where it returned None})."""
+        functions = self.functions()
+        trl_prompts, trl_completions, rest = trl_inputs(prompts, completions, columns)
+        state = RewardTrainerState(global_step=step)
+        labels = {name: f"{label}, function '{name}'" if label else f"function '{name}'" for name in functions}
+
+        def call(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
+            return lambda p, c, cols: fn(prompts=p, completions=c, trainer_state=state, **cols)
+
+        def call_async(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
+            return lambda p, c, cols: run_one(fn(prompts=p, completions=c, trainer_state=state, **cols))
+
+        raw: dict[str, Any] = {}
+        pending: dict[str, Callable[..., Any]] = {}
+        for name, fn in functions.items():
+            if inspect.iscoroutinefunction(fn):
+                pending[name] = fn
+            else:
+                raw[name] = guarded_call(call(fn), trl_prompts, trl_completions, rest, labels[name], step)
+        if pending:
+            outcomes = run_concurrently({name: start(call(fn), trl_prompts, trl_completions, rest)
+                                         for name, fn in pending.items()})
+            for name, outcome in outcomes.items():
+                if isinstance(outcome, Exception):  # again alone, then row by row: the shared path names the row
+                    outcome = guarded_call(call_async(pending[name]), trl_prompts, trl_completions, rest,
+                                           labels[name], step)
+                raw[name] = outcome
+        components = {name: check_allowing_none(raw[name], len(completions), labels[name], step)
+                      for name in functions}
+        totals = weighted_totals(components, self.weights(), label or type(self).__name__, step)
+        return totals, components
+
+
+def start(call: Callable[[list, list, dict], Any], prompts: list, completions: list, columns: dict) -> Any:
+    """The coroutine `call` creates, or the exception creating it raised (an async function called with arguments
+    it does not take fails here, before anything is awaited)."""
+    try:
+        return call(prompts, completions, columns)
+    except Exception as exc:  # noqa: BLE001 - reported through the shared error path
+        return exc
+
+
+def run_one(coroutine: Any) -> Any:
+    """The coroutine's result, awaited on its own loop (`run_concurrently`); its exception is raised."""
+    outcome = run_concurrently({"": coroutine})[""]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def trl_inputs(
+    queries: list[str], completions: list[str], columns: dict[str, Any]
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """(prompts, completions, other columns) in TRL's form from what the trainer passes.
+
+    The dataset's own prompt (`dataset_prompts`) is used where the trainer passed it; elsewhere (an evaluation
+    judge, a pre-tokenised row) the query text stands in. A conversational row's completion becomes one assistant
+    message. Without `completion_ids` (a caller other than the trainer) functions receive `completion_ids=None`.
+    """
+    rest = dict(columns)
+    originals = rest.pop("dataset_prompts", None) or [None] * len(queries)
+    prompts = [query if original is None else original for query, original in zip(queries, originals)]
+    completions = [
+        [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+        for prompt, text in zip(prompts, completions)
+    ]
+    rest.setdefault("completion_ids", None)
+    return prompts, completions, rest
+
+
+def run_concurrently(coroutines: dict[str, Any]) -> dict[str, Any]:
+    """Await the coroutines together on one event loop: {name: result or the exception it raised}; an exception
+    given in place of a coroutine is passed through.
+
+    Runs on a fresh loop in a helper thread when this thread already runs one (a notebook, an async caller), since
+    a running loop cannot be re-entered.
+    """
+    async def settle(item: Any) -> Any:
+        return item if isinstance(item, Exception) else await item
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(settle(item) for item in coroutines.values()), return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        results = asyncio.run(gather())
+    else:
+        box: list[Any] = []
+        worker = threading.Thread(target=lambda: box.append(asyncio.run(gather())))
+        worker.start()
+        worker.join()
+        results = box[0]
+    return dict(zip(coroutines, results))
+
+
+def check_allowing_none(values: Any, expected: int, label: str, step: int) -> list[float]:
+    """`check_rewards`, except that None is allowed and becomes NaN (the function does not score that row)."""
+    if isinstance(values, (list, tuple)):
+        missing = {row for row, value in enumerate(values) if value is None}
+        checked = check_rewards([0.0 if value is None else value for value in values], expected, label, step)
+        return [math.nan if row in missing else value for row, value in enumerate(checked)]
+    return check_rewards(values, expected, label, step)
+
+
+def weighted_totals(components: dict[str, list[float]], weights: list[float], label: str, step: int) -> list[float]:
+    """sum_i w_i r_i per completion over the functions that scored it (NaN = not scored); a completion no function
+    scored is a RewardError naming the row."""
+    rows = len(next(iter(components.values())))
+    totals = []
+    for row in range(rows):
+        scored = [(w, values[row]) for w, values in zip(weights, components.values()) if not math.isnan(values[row])]
+        if not scored:
+            raise RewardError(f"reward {label} at step {step}, row {row}: every reward function returned None "
+                              "(at least one must score each completion)")
+        totals.append(sum(w * value for w, value in scored))
+    return totals
