@@ -10,18 +10,15 @@ Each judge returns one outcome per prompt for the candidate: 1 a win, 0.5 a tie,
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from training_wizard.errors import UserError
+from training_wizard.http_client import post_json
 from training_wizard.spec import Spec
 from training_wizard.specs.reward import RewardSpec
 
@@ -97,29 +94,13 @@ class ChatJudgeSpec(JudgeSpec):
 
     def _ask(self, endpoint: str, key: str, prompt: str, first: str, second: str) -> int:
         """1 or 2: which response the judge prefers, retrying transient failures."""
-        body = json.dumps({
+        payload = {
             "model": self.model, "temperature": 0, "max_tokens": 8,
             "messages": [{"role": "user", "content": self.template.format(prompt=prompt, first=first, second=second)}],
-        }).encode()
-        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-        problem = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                request = urllib.request.Request(endpoint, data=body, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    choice = _preferred(json.loads(response.read().decode()))
-                if choice is not None:
-                    return choice
-                problem = "a reply that names neither response"
-            except urllib.error.HTTPError as exc:
-                if exc.code != 429 and exc.code < 500:
-                    raise UserError(f"judge: the endpoint refused the request (HTTP {exc.code}: {exc.reason})") from None
-                problem = f"HTTP {exc.code}"
-            except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-                problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-        raise UserError(f"judge: no usable answer after {self.retries + 1} tries (last: {problem})")
+        }
+        return post_json(endpoint, payload, label="judge", timeout_s=self.timeout_s, retries=self.retries,
+                         backoff_s=self.backoff_s, parse=_preferred, unusable="a reply that names neither response",
+                         api_key=key)
 
 
 def _preferred(reply: Any) -> int | None:
