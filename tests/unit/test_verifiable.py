@@ -1,0 +1,123 @@
+"""Verifiable rewards: answer extraction, accuracy modes, format, the soft overlong penalty, and their TRL forms."""
+
+from __future__ import annotations
+
+import pytest
+from optional_extras import requires
+
+from training_wizard.errors import UserError
+from training_wizard.specs.reward_functions import RewardFunctionsSpec
+from training_wizard.specs.verifiable import (
+    AccuracyRewardSpec,
+    FormatRewardSpec,
+    OverlongRewardSpec,
+    accuracy_reward,
+    get_format_reward,
+    get_soft_overlong_punishment,
+    last_boxed,
+    think_format_reward,
+    to_number,
+)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("so 3 + 4 = 7", 7.0),
+    ("total: 1,234 apples", 1234.0),
+    ("1234.0", 1234.0),
+    ("$1234", 1234.0),
+    ("-2.5 is it.", -2.5),
+    ("first 5 then \\boxed{12} and 99", 12.0),  # the boxed answer wins over a later number
+    ("\\boxed{1} then \\boxed{\\frac{3}{4}}", 4.0),  # the last box; its last number
+    ("Natalia sold 48 clips... #### 72", 72.0),  # GSM8K's answer format
+    ("no digits", None),
+    (42, 42.0),
+])
+def test_to_number(text, expected):
+    assert to_number(text) == expected
+
+
+def test_last_boxed_matches_nested_braces():
+    assert last_boxed("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{open") is None and last_boxed("none") is None
+
+
+def test_numeric_accuracy_with_tolerance():
+    spec = AccuracyRewardSpec()
+    completions = ["It is 1,234.", "1234.0", "\\boxed{1233}", "1234.01", "nothing"]
+    assert spec.score(["p"] * 5, completions, {"answer": ["1234"] * 5})[0] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    loose = AccuracyRewardSpec(tolerance=1e-5)  # 1e-5 * 1234 = 0.01234 > 0.01 > 1e-6 * 1234
+    assert loose.score(["p"], ["1234.01"], {"answer": [1234]})[0] == [1.0]
+
+
+def test_exact_accuracy_and_case_folding():
+    completions = ["  Paris ", "paris", "The answer: \\boxed{Paris}", "Paris, France"]
+    golds = {"city": ["Paris"] * 4}
+    assert AccuracyRewardSpec(column="city", mode="exact").score(["p"] * 4, completions, golds)[0] == [
+        1.0, 0.0, 1.0, 0.0]
+    folded = AccuracyRewardSpec(column="city", mode="exact", case_sensitive=False)
+    assert folded.score(["p"] * 4, completions, golds)[0] == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_accuracy_errors_name_column_and_row():
+    with pytest.raises(UserError, match=r"reward.column: the dataset has no column 'answer' \(columns: solution\)"):
+        AccuracyRewardSpec().score(["p"], ["1"], {"solution": ["1"]})
+    with pytest.raises(UserError, match=r"reward.column 'answer', row 1: no number in the answer 'n/a'"):
+        AccuracyRewardSpec().score(["p"] * 2, ["1", "2"], {"answer": ["1", "n/a"]}, step=3)
+
+
+@requires("math_verify")
+def test_math_verify_mode_checks_equivalence():
+    spec = AccuracyRewardSpec(mode="math_verify")
+    completions = ["so $\\boxed{\\frac{1}{2}}$", "$\\boxed{0.5}$", "$\\boxed{3}$"]
+    assert spec.score(["p"] * 3, completions, {"answer": ["$0.5$"] * 3})[0] == [1.0, 1.0, 0.0]
+
+
+def test_math_verify_missing_is_one_line(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # an import of it now fails
+    with pytest.raises(UserError, match=r"mode 'math_verify' needs the math-verify package \(pip install"):
+        AccuracyRewardSpec(mode="math_verify").score(["p"], ["1"], {"answer": ["1"]})
+
+
+def test_accuracy_reward_function_trl_form():
+    completions = ["7", [{"role": "assistant", "content": "\\boxed{8}"}], "9"]
+    assert accuracy_reward(completions, answer=["7", "9", "no number"], trainer_state=None) == [1.0, 0.0, None]
+
+
+def test_format_reward_fullmatch_and_search():
+    spec = FormatRewardSpec(pattern=r"<answer>\d+</answer>")
+    completions = [" <answer>12</answer>\n", "x <answer>12</answer>", "<answer>a</answer>"]
+    assert spec.score(["p"] * 3, completions, {})[0] == [1.0, 0.0, 0.0]
+    assert FormatRewardSpec(pattern=r"<answer>\d+</answer>", search=True).score(["p"] * 3, completions, {})[0] == [
+        1.0, 1.0, 0.0]
+    with pytest.raises(Exception, match="(?s)pattern.*not a valid regular expression"):
+        FormatRewardSpec(pattern="(unclosed")
+    assert get_format_reward(r"\d+")(completions=["12", "a1"]) == [1.0, 0.0]
+
+
+def test_think_format_reward():
+    completions = ["<think>\nhmm\n</think>\nThe answer is 4.", "The answer is 4.", "<think>a<think>b</think> 4"]
+    assert think_format_reward(completions=completions) == [1.0, 0.0, 0.0]
+
+
+def test_soft_overlong_penalty_values():
+    # max 10, cache 4: 0 up to 6 tokens, then (6 - L) / 4 down to -1 at 10, -1 beyond
+    punish = get_soft_overlong_punishment(max_completion_len=10, soft_punish_cache=4)
+    lengths = [3, 6, 7, 8, 10, 11]
+    assert punish(completion_ids=[[0] * n for n in lengths]) == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    spec = OverlongRewardSpec(max_completion_length=10, soft_punish_cache=4)
+    assert spec.uses_trl_inputs()
+    assert spec.score(["p"] * 2, ["a", "b"], {"completion_ids": [[1] * 8, [1] * 2]})[0] == [-0.5, 0.0]
+    with pytest.raises(UserError, match="needs completion_ids, which only the trainer passes"):
+        spec.score(["p"], ["a"], {})
+    with pytest.raises(Exception, match="soft_punish_cache: 5 is more than max_completion_length 4"):
+        OverlongRewardSpec(max_completion_length=4, soft_punish_cache=5)
+
+
+def test_builtin_functions_in_reward_funcs():
+    spec = RewardFunctionsSpec(reward_funcs=["training_wizard.specs.verifiable:accuracy_reward",
+                                             "training_wizard.specs.verifiable:think_format_reward"],
+                               reward_weights=[1.0, 0.5])
+    total, components = spec.score(["p"] * 2, ["<think>x</think> 7", "8"], {"answer": ["7", "7"]})
+    assert total == [1.5, 0.0] and list(components) == ["accuracy_reward", "think_format_reward"]
