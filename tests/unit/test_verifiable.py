@@ -91,7 +91,7 @@ def test_format_reward_fullmatch_and_search():
     assert spec.score(["p"] * 3, completions, {})[0] == [1.0, 0.0, 0.0]
     assert FormatRewardSpec(pattern=r"<answer>\d+</answer>", search=True).score(["p"] * 3, completions, {})[0] == [
         1.0, 1.0, 0.0]
-    with pytest.raises(Exception, match="(?s)pattern.*not a valid regular expression"):
+    with pytest.raises(Exception, match="(?s)pattern.*invalid regular expression"):
         FormatRewardSpec(pattern="(unclosed")
     assert get_format_reward(r"\d+")(completions=["12", "a1"]) == [1.0, 0.0]
 

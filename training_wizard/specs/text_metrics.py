@@ -228,6 +228,15 @@ class EmbeddingSimilarityRewardSpec(SourceMetricSpec):
         return embedding_similarity(completions, sources, encoder, self.batch_size)
 
 
+def valid_regex(pattern: str) -> str:
+    """`pattern` if it compiles; else a ValueError saying why (a spec's `pattern` validator)."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression: {exc}") from None
+    return pattern
+
+
 class RegexRewardSpec(RewardSpec):
     """Whether (presence: 1/0) or how often (count) a regular expression matches the completion."""
 
@@ -238,11 +247,7 @@ class RegexRewardSpec(RewardSpec):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression: {exc}") from None
-        return pattern
+        return valid_regex(pattern)
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         compiled = re.compile(self.pattern, re.IGNORECASE if self.ignore_case else 0)

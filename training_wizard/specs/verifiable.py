@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.specs.reward import RewardSpec
+from training_wizard.specs.text_metrics import valid_regex
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 _THINK = r"<think>(?:(?!<think>).)*?</think>.*"
@@ -188,11 +189,7 @@ class FormatRewardSpec(RewardSpec):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression ({exc})") from None
-        return pattern
+        return valid_regex(pattern)
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         return get_format_reward(self.pattern, self.search)(completions)
