@@ -144,3 +144,34 @@ def test_steps_per_generation_and_generation_batch_size_plan_one_and_two_process
         config_class(generation_batch_size=24, **common).batch_plan(2)
     # without either, one optimizer step per rollout, as TRL's default (steps_per_generation = accumulation)
     assert config_class(**common).num_mini_batches == 1
+
+
+# Every field TRL 1.16.0's GRPOConfig and RLOOConfig add to TrainingArguments (read from grpo_config.py and
+# rloo_config.py); docs/trl_options.md must name each one with ours or why not.
+TRL_1_16_FIELDS = """
+learning_rate model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32
+remove_unused_columns num_generations num_generations_eval max_completion_length ds3_gather_for_generation
+shuffle_dataset pad_to_multiple_of generation_batch_size steps_per_generation temperature top_p top_k min_p
+generation_kwargs chat_template_kwargs repetition_penalty cache_implementation use_vllm vllm_mode vllm_model_impl
+vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port
+vllm_server_timeout vllm_group_port vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size beta
+num_iterations epsilon delta epsilon_high sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos
+vespo_k_neg vespo_lambda_neg importance_sampling_level reward_weights multi_objective_aggregation scale_rewards
+loss_type mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
+entropy_coef use_adaptive_entropy entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target
+max_tool_calling_iterations vllm_importance_sampling_correction vllm_importance_sampling_mode
+vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min off_policy_mask_threshold use_bias_correction_kl
+log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
+use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged
+vllm_importance_sampling_cap normalize_advantages reward_clip_range
+""".split()
+
+
+def test_trl_options_table_names_every_field_of_trl_1_16():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trl_options.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    missing = [name for name in TRL_1_16_FIELDS if not any(row.startswith("| ") and f"`{name}`" in
+                                                            row.split(" | ")[0] for row in rows)]
+    assert missing == []
