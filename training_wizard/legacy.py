@@ -3,11 +3,10 @@
 A 1.0 recipe names its recipe class in a top-level `spec_class` and keeps its parts in `[transformer_spec]`,
 `[reference_transformer_spec]`, `[dataset_spec]`, `[reward_spec]` and `[training_args_spec]` (the RLOO options
 next to Hugging Face `TrainingArguments` keys), with `validation` holding rows out for evaluation. `translate`
-maps every key to today's recipe and records a `Note` for each one it translated or dropped (1.0's GRPO recipe:
-legacy_grpo.py): dropped keys that do
+maps every key to today's recipe and records a `Note` for each one it translated or dropped: dropped keys that do
 not change the result are warned about, one line each; a key whose loss would change the result stops with one
-line. 1.0 reward classes keep working through `LegacyRewardSpec`, which gives them the chat-templated prompt and
-the raw completion they were written against. docs/migrating.md has the full key table.
+line. 1.0 reward classes keep working through `LegacyRewardSpec`, which gives them the inputs they were written
+against. 1.0's GRPO recipe is read by legacy_grpo.py on top of this module. docs/migrating.md has the key tables.
 """
 
 from __future__ import annotations
