@@ -1,11 +1,14 @@
 """Generate docs/configuration.md from the spec classes, so each default and description lives once, on its field.
 
-`python -m training_wizard.docgen > docs/configuration.md`; a test checks the file is current.
+`python -m training_wizard.docgen > docs/configuration.md`; a test checks the file is current. The last section is
+docs/trl_options.md (the hand-written map of TRL's GRPO and RLOO options), included with its headings one level
+down: that file stays the one place to edit it.
 """
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices
@@ -94,6 +97,20 @@ def render_class(cls) -> str:
     return "\n".join(lines) + "\n"
 
 
+TRL_OPTIONS = Path(__file__).resolve().parents[1] / "docs" / "trl_options.md"
+
+
+def trl_options_section(path: Path = TRL_OPTIONS) -> str:
+    """docs/trl_options.md as this document's last section: every heading one level down, and a line naming the
+    file to edit. Empty where the file is absent (an installed package without the docs folder)."""
+    if not path.is_file():
+        return ""
+    lines = path.read_text().rstrip("\n").splitlines()
+    shifted = ["#" + line if line.startswith("#") else line for line in lines]
+    shifted.insert(1, "\nIncluded from `docs/trl_options.md`; edit that file, then regenerate this one.")
+    return "\n" + "\n".join(shifted) + "\n"
+
+
 def render() -> str:
     parts = [INTRO]
     for title, note, classes in _sections():
@@ -102,6 +119,7 @@ def render() -> str:
             parts.append(note + "\n")
         for cls in classes:
             parts.append("\n" + render_class(cls))
+    parts.append(trl_options_section())
     return "".join(parts)
 
 

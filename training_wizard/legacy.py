@@ -5,16 +5,17 @@ A 1.0 recipe names its recipe class in a top-level `spec_class` and keeps its pa
 next to Hugging Face `TrainingArguments` keys), with `validation` holding rows out for evaluation. `translate`
 maps every key to today's recipe and records a `Note` for each one it translated or dropped: dropped keys that do
 not change the result are warned about, one line each; a key whose loss would change the result stops with one
-line. 1.0 reward classes keep working through `LegacyRewardSpec`, which gives them the chat-templated prompt and
-the raw completion they were written against. docs/migrating.md has the full key table.
+line. 1.0 reward classes keep working through `LegacyRewardSpec`, which gives them the inputs they were written
+against. 1.0's GRPO recipe is read by legacy_grpo.py on top of this module. docs/migrating.md has the key tables.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field
 
@@ -22,6 +23,7 @@ from training_wizard.errors import UserError
 from training_wizard.specs.reward import RewardSpec
 
 RLOO_CLASSES = ("training_wizard.recipes.rloo.RLOOTrainingSpec", "training_wizard.recipes.rloo.RLOOSpec")
+GRPO_CLASS = "training_wizard.recipes.grpo.GRPOTrainingSpec"
 LEGACY_TABLES = ("transformer_spec", "reference_transformer_spec", "dataset_spec", "reward_spec", "training_args_spec")
 
 
@@ -59,18 +61,19 @@ def translate_legacy_recipe(data: dict[str, Any], path: Path | str) -> Translati
     recipe_class = data.pop("spec_class")
     if recipe_class == MODULAR_CLASS:
         return _translate_modular(data, path)
+    if recipe_class == GRPO_CLASS:
+        from training_wizard.legacy_grpo import translate_grpo  # it builds on this module's translators
+
+        return translate_grpo(data, path, Translation({"recipe_class": "grpo"}))
     if recipe_class not in RLOO_CLASSES:
         raise UserError(f"{path}: spec_class: '{recipe_class}' is a training-wizard 1.0 recipe class this version "
-                        "does not run; it reads only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec) "
-                        "and the modular recipe with an instruction tuning or sequence classification module")
+                        "does not run; it reads only RLOO recipes (training_wizard.recipes.rloo.RLOOTrainingSpec), "
+                        "GRPO recipes (training_wizard.recipes.grpo.GRPOTrainingSpec) and the modular recipe with "
+                        "an instruction tuning or sequence classification module")
     out = Translation({"recipe_class": "rloo"})
     out.note("spec_class", "recipe_class", "the RLOO recipe")
-    unknown = [key for key in data if key not in (*LEGACY_TABLES, "validation")]
-    if unknown:
-        raise UserError(f"{path}: {unknown[0]}: unknown key in a training-wizard 1.0 RLOO recipe")
-    for key in ("transformer_spec", "dataset_spec", "reward_spec"):
-        if key not in data:
-            raise UserError(f"{path}: {key}: required key is missing (training-wizard 1.0 RLOO recipe)")
+    check_top_keys(data, path, "RLOO", (*LEGACY_TABLES, "validation"),
+                   ("transformer_spec", "dataset_spec", "reward_spec"))
     out.recipe["model"] = _model(data["transformer_spec"], "transformer_spec", "model", out)
     if "reference_transformer_spec" in data:
         out.recipe["ref_model"] = _model(data["reference_transformer_spec"], "reference_transformer_spec",
@@ -81,6 +84,17 @@ def translate_legacy_recipe(data: dict[str, Any], path: Path | str) -> Translati
     if "validation" in data:
         _validation(data["validation"], out)
     return out
+
+
+def check_top_keys(data: dict[str, Any], path: Path | str, kind: str, allowed: tuple[str, ...],
+                   required: tuple[str, ...]) -> None:
+    """One line for the first top-level key a 1.0 `kind` recipe did not have, or the first required one missing."""
+    unknown = [key for key in data if key not in allowed]
+    if unknown:
+        raise UserError(f"{path}: {unknown[0]}: unknown key in a training-wizard 1.0 {kind} recipe")
+    for key in required:
+        if key not in data:
+            raise UserError(f"{path}: {key}: required key is missing (training-wizard 1.0 {kind} recipe)")
 
 
 # -- models ---------------------------------------------------------------------------------------------------
@@ -283,7 +297,7 @@ def _training(table: dict[str, Any], out: Translation, same: set[str] = _SAME,
         if key in ("output_dir", "seed"):
             out.recipe[key] = value
             out.note(where, key)
-        elif key == "max_steps" and same is not _SAME:
+        elif key == "max_steps" and same is _SUPERVISED_SAME:
             if value is not None and value > 0:
                 training[key] = value
             out.note(where, "training.max_steps" if value and value > 0 else None, "" if value and value > 0
@@ -364,13 +378,8 @@ def _translate_modular(data: dict[str, Any], path: Path | str) -> Translation:
                         f"classification modules ({', '.join(_MODULES)})")
     out = Translation({"recipe_class": kind}, output_column="messages" if kind == "sft" else "prompt")
     out.note("spec_class", "recipe_class", f"the {kind} recipe")
-    unknown = [k for k in data if k not in ("wizard_module", "dataset_spec", "training_args_spec", "validation",
-                                            "callbacks_spec")]
-    if unknown:
-        raise UserError(f"{path}: {unknown[0]}: unknown key in a training-wizard 1.0 modular recipe")
-    for key in ("dataset_spec",):
-        if key not in data:
-            raise UserError(f"{path}: {key}: required key is missing (training-wizard 1.0 modular recipe)")
+    check_top_keys(data, path, "modular", ("wizard_module", "dataset_spec", "training_args_spec", "validation",
+                                           "callbacks_spec"), ("dataset_spec",))
     if not isinstance(module.get("transformer_spec"), dict):
         raise UserError(f"{path}: wizard_module.transformer_spec: required table is missing")
     _training(data.get("training_args_spec", {}), out, _SUPERVISED_SAME, _SUPERVISED_IGNORED)
@@ -428,22 +437,26 @@ def _note_last_turn_only(dataset: dict[str, Any], out: Translation) -> None:
 _OLD_MULTI = ("training_wizard.specs.reward.MultiRewardSpec",)
 
 
-def _reward(table: dict[str, Any], old: str, out: Translation) -> dict[str, Any]:
+def _reward(table: dict[str, Any], old: str, out: Translation, raw_text: bool = True) -> dict[str, Any]:
+    """A 1.0 reward table wrapped in LegacyRewardSpec. raw_text: the inputs of 1.0's RLOO trainer (templated
+    prompt, completion with special tokens); False: those of 1.0's GRPO recipe (TRL's GRPOTrainer)."""
     table = dict(table)
     spec_class = table.get("spec_class")
     if spec_class is None:
         raise UserError(f"{old}.spec_class: required key is missing")
     if spec_class in _OLD_MULTI and "rewards" in table:
-        return _multi_reward(table, old, out)
+        return _multi_reward(table, old, out, raw_text)
     if isinstance(table.get("transformer_spec"), dict):
         table["transformer_spec"] = _model(table["transformer_spec"], f"{old}.transformer_spec",
                                            "reward.reward.transformer_spec", out, policy=False)
-    out.note(old, "reward", "wrapped in LegacyRewardSpec: the reward sees the templated prompt and raw completion")
+    seen = "the templated prompt and raw completion" if raw_text else "the prompt's last message and the completion"
+    out.note(old, "reward", f"wrapped in LegacyRewardSpec: the reward sees {seen}")
     logging_steps = out.recipe.get("training", {}).get("logging_steps", 1)
-    return {"spec_class": "training_wizard.legacy.LegacyRewardSpec", "reward": table, "logging_steps": logging_steps}
+    wrapped = {"spec_class": "training_wizard.legacy.LegacyRewardSpec", "reward": table, "logging_steps": logging_steps}
+    return wrapped if raw_text else {**wrapped, "raw_text": False}
 
 
-def _multi_reward(table: dict[str, Any], old: str, out: Translation) -> dict[str, Any]:
+def _multi_reward(table: dict[str, Any], old: str, out: Translation, raw_text: bool = True) -> dict[str, Any]:
     rewards = table.get("rewards") or []
     weights = table.get("weights") or [1.0] * len(rewards)
     if len(weights) != len(rewards):
@@ -455,7 +468,7 @@ def _multi_reward(table: dict[str, Any], old: str, out: Translation) -> dict[str
     components = {}
     for index, (reward, weight) in enumerate(zip(rewards, weights)):
         name = f"{index}_{reward.get('spec_class', 'reward').rsplit('.', 1)[-1]}"
-        components[name] = {"spec": _reward(reward, f"{old}.rewards[{index}]", out), "weight": weight,
+        components[name] = {"spec": _reward(reward, f"{old}.rewards[{index}]", out, raw_text), "weight": weight,
                             "normalize": bool(table.get("normalize_rewards", False))}
     out.note(f"{old}.rewards", "reward.components", "one component per reward, named by position and class")
     out.note(f"{old}.normalize_weights", "reward.strategy", "mean (weights divided by their sum) when true")
@@ -475,10 +488,12 @@ class _TrainerArgs:
 
 class LegacyTrainerView:
     """What 1.0 reward code reads from `self.trainer`: `is_world_process_zero()`, `state.global_step`,
-    `args.logging_steps`."""
+    `args.logging_steps`, and `_metrics["train"][name]`, the lists 1.0 GRPO rewards append their own metrics to
+    (TRL's private log buffer): here they take the values and drop them, since no tracker reads them."""
 
     def __init__(self, step: int, logging_steps: int):
         self.state, self.args = _TrainerState(step), _TrainerArgs(logging_steps)
+        self._metrics: defaultdict[str, defaultdict[str, list]] = defaultdict(lambda: defaultdict(list))
 
     @staticmethod
     def is_world_process_zero() -> bool:
@@ -489,12 +504,19 @@ class LegacyTrainerView:
 
 class LegacyRewardSpec(RewardSpec):
     """Runs a reward class written for training-wizard 1.0: its `compute_reward(prompts, completions, **kwargs)`
-    gets the prompt as the model saw it (chat template and special tokens included) and the completion with its
-    special tokens (the stop token included), and `self.trainer` answers the three questions 1.0 rewards ask."""
+    gets what 1.0's recipe gave it (`raw_text`: the RLOO recipe's templated prompt and completion with special
+    tokens, or the GRPO recipe's plain text), and `self.trainer` answers what 1.0 rewards ask of it."""
 
-    needs_raw_text: ClassVar[bool] = True
     reward: RewardSpec = Field(description="The 1.0 reward spec (its own spec_class and keys).")
     logging_steps: int = Field(1, ge=1, description="What `self.trainer.args.logging_steps` answers.")
+    raw_text: bool = Field(
+        True, description="true: the prompt as the model saw it and the completion with its special tokens (1.0's "
+        "RLOO recipe). false: the prompt's text (a conversation's last message) and the completion without special "
+        "tokens, what 1.0's GRPO recipe (TRL's GRPOTrainer) gave a reward that reads a message's content."
+    )
+
+    def uses_raw_text(self) -> bool:
+        return self.raw_text
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         step = columns.pop("step", 0)

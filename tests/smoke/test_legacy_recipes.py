@@ -224,12 +224,12 @@ def test_migrate_writes_a_recipe_that_resolves_to_the_same_config(old_folder, ti
 
 
 def test_another_old_recipe_class_stops_with_one_line_naming_it(tmp_path, capsys):
-    path = tmp_path / "grpo.toml"
-    path.write_text('spec_class = "training_wizard.recipes.grpo.GRPOTrainingSpec"\n[transformer_spec]\n'
+    path = tmp_path / "cpo.toml"
+    path.write_text('spec_class = "training_wizard.recipes.cpo.CPOTrainingSpec"\n[transformer_spec]\n'
                     'pretrained_name = "x"\n')
     assert main([str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "training_wizard.recipes.grpo.GRPOTrainingSpec" in err[0] and "only RLOO" in err[0]
+    assert len(err) == 1 and "training_wizard.recipes.cpo.CPOTrainingSpec" in err[0] and "only RLOO" in err[0]
 
 
 def test_a_key_whose_loss_would_change_the_result_stops(old_folder, tiny_model_dir, capsys):
@@ -386,3 +386,69 @@ def test_old_sequence_classification_recipe_reads_its_tsv_and_trains(tmp_path, t
 
     saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "model")
     assert saved.config.num_labels == 2
+
+
+# 1.0's examples/grpo/config.toml, unchanged. Its reward, examples/grpo/reward.py, needs rapidfuzz: this stand-in
+# has its name, reads the same inputs (string prompts, the `target` column) and makes the same trainer calls.
+OLD_GRPO_RECIPE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy" / "grpo_config.toml"
+GEC_STAND_IN = '''
+import difflib
+
+from training_wizard.specs.reward import RewardSpec
+
+CALLS = []
+
+
+class GECExampleRewardSpec(RewardSpec):
+    def compute_reward(self, prompts, completions, **kwargs):
+        assert isinstance(prompts[0], str) and "<|im_start|>" not in prompts[0]  # the user message's text
+        trainer = self.trainer
+        if trainer.is_world_process_zero() and trainer.state.global_step % trainer.args.logging_steps == 0:
+            self.trainer._metrics["train"]["gec_gkd/f1"].append(0.5)
+        CALLS.append((self.trainer.state.global_step, list(prompts), list(kwargs["target"])))
+        return [difflib.SequenceMatcher(None, c, t).ratio() for c, t in zip(completions, kwargs["target"])]
+'''
+
+
+def test_old_grpo_recipe_dry_runs_and_trains_with_tiny_models(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import sys
+    import types
+
+    rows = [{"source": f"She {verb} home.", "target": f"She {fixed} home."}
+            for verb, fixed in [("go", "goes"), ("walk", "walks"), ("run", "runs"), ("come", "comes")]]
+    (tmp_path / "seq2seq.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    module = types.ModuleType("examples.grpo.reward")
+    exec(GEC_STAND_IN, module.__dict__)
+    monkeypatch.setitem(sys.modules, "examples.grpo.reward", module)
+    tiny = [f"model.pretrained_name={tiny_model_dir}", f"dataset.parent.data_files={tmp_path / 'seq2seq.jsonl'}",
+            f"output_dir={tmp_path / 'run'}", "training.dtype=float32", "training.max_completion_length=4",
+            "training.total_episodes=8"]
+    assert main([str(OLD_GRPO_RECIPE), *tiny, "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "training_args_spec.max_prompt_length: ignored (prompts are not truncated" in err and "Traceback" not in err
+    recipe = load_recipe(OLD_GRPO_RECIPE, tiny)
+    training = recipe.training
+    assert type(recipe).__name__ == "GRPORecipe" and recipe.reward.raw_text is False
+    assert (training.num_generations, training.kl_coef, training.cliprange, training.num_ppo_epochs) == (2, 0.0, 0.2, 1)
+    assert (training.learning_rate, training.gradient_checkpointing, training.per_device_train_batch_size) == (
+        1e-6, True, 2)
+    new = tmp_path / "new.toml"
+    assert main(["migrate", str(OLD_GRPO_RECIPE), "-o", str(new)]) == 0
+    assert 'recipe_class = "grpo"' in new.read_text() and load_recipe(new, tiny).to_dict() == recipe.to_dict()
+    assert main([str(OLD_GRPO_RECIPE), *tiny]) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(0.0 <= r["reward"] <= 1.0 for r in records)  # 8 completions, 2 per iteration
+    targets = {row["source"]: row["target"] for row in rows}
+    assert {step for step, _, _ in module.CALLS} >= {0, 1, 2, 3}  # self.trainer.state.global_step follows the run
+    assert all(targets[p] == t for _, prompts, got in module.CALLS for p, t in zip(prompts, got))  # the row's own
+
+
+@pytest.mark.parametrize("extra, key", [("sync_ref_model = true", "training_args_spec.sync_ref_model"),
+                                        ("max_steps = 10", "training_args_spec.max_steps"),
+                                        ("reward_weights = [1.0, 2.0]", "training_args_spec.reward_weights")])
+def test_old_grpo_keys_without_an_equivalent_stop_with_one_line(tmp_path, capsys, extra, key):
+    path = tmp_path / "old_grpo.toml"
+    path.write_text(OLD_GRPO_RECIPE.read_text() + extra + "\n")  # the file ends inside [training_args_spec]
+    assert main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and key in err[0], err

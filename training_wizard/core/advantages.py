@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
-from training_wizard.core.masking import masked_sum
+from training_wizard.core.masking import masked_sum, truncation_mask
 
 Moments = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
@@ -94,6 +94,8 @@ class ShapedRewards:
     advantages: (B,) for sequence-level KL, (B, T) (zero on masked positions) for token-level KL or PPO.
     kl: (B,) summed per-token KL estimate; non_score_reward: (B,) the KL part of the reward;
     rlhf_reward: (B,) score + non_score_reward, before any scaling. `returns`: PPO's value targets (B, T).
+    `loss_mask`: (B, T) bool, the response tokens that carry loss, where it differs from the response mask
+    (mask_truncated_completions); None: every response token.
     """
 
     advantages: torch.Tensor
@@ -101,6 +103,7 @@ class ShapedRewards:
     non_score_reward: torch.Tensor
     rlhf_reward: torch.Tensor
     returns: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,10 @@ class RLOOShaping:
     kl_estimator: str = "k1"
     token_level_kl: bool = False
     normalize_reward: bool = False
-    reward_clip_range: float = 10.0
+    reward_clip_range: float | tuple[float, float] = 10.0  # a pair clamps the raw scores (TRL 1.x)
     whiten_rewards: bool = False
     normalize_advantage: bool = False
+    mask_truncated_completions: bool = False
 
 
 def rloo_shaped_rewards(
@@ -124,6 +128,7 @@ def rloo_shaped_rewards(
     mask: torch.Tensor,
     options: RLOOShaping,
     moments: Moments = local_moments,
+    has_stop: torch.Tensor | None = None,
 ) -> ShapedRewards:
     """RLOO's rewards and advantages from one rollout (TRL's RLOO trainer; Ahmadian et al. 2024).
 
@@ -133,12 +138,20 @@ def rloo_shaped_rewards(
     Sequence level (default): rlhf_reward = score - kl_coef * sum_t kl_t, advantage = rlhf_reward minus the mean
     of the other k - 1 completions of the prompt. Token level (`token_level_kl`, Reinforce++): each token's
     advantage is its KL-shaped reward-to-go minus the same leave-one-out baseline of the whole-completion reward.
-    Optional steps, in order: normalize_reward (standardise + clamp the scores), whiten_rewards (scale the rlhf
-    rewards by 1 / std), normalize_advantage (whiten the advantages, masked for token level).
+    Optional steps, in order: a (min, max) reward_clip_range clamps the raw scores (TRL 1.x's RLOO clamps before
+    the KL penalty), normalize_reward (standardise; then clamp to +-c when reward_clip_range is one number c),
+    whiten_rewards (scale the rlhf rewards by 1 / std), normalize_advantage (whiten the advantages, masked for
+    token level). mask_truncated_completions (needs has_stop (B,) bool) sets loss_mask: the response mask without
+    the completions that have no stop token; their rewards still enter the baselines.
     """
     kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
-    if options.normalize_reward:
-        scores = normalize_and_clip(scores, options.reward_clip_range, moments)
+    clip = options.reward_clip_range
+    if isinstance(clip, (tuple, list)):
+        scores = scores.clamp(clip[0], clip[1])
+        if options.normalize_reward:
+            scores = whiten(scores, moments=moments)
+    elif options.normalize_reward:
+        scores = normalize_and_clip(scores, clip, moments)
     if options.token_level_kl:
         per_token = token_rewards(scores, kl, mask, options.kl_coef)
         rlhf_reward = per_token.sum(-1)
@@ -154,6 +167,12 @@ def rloo_shaped_rewards(
         advantages = sequence_advantages
     if options.normalize_advantage:
         advantages = whiten(advantages, mask if options.token_level_kl else None, moments=moments)
+    loss_mask = None
+    if options.mask_truncated_completions:
+        if has_stop is None:
+            raise ValueError("mask_truncated_completions needs has_stop, which completions ended with the stop token")
+        loss_mask = truncation_mask(mask, has_stop)
     return ShapedRewards(
-        advantages=advantages, kl=masked_sum(kl, mask), non_score_reward=non_score_reward, rlhf_reward=rlhf_reward
+        advantages=advantages, kl=masked_sum(kl, mask), non_score_reward=non_score_reward, rlhf_reward=rlhf_reward,
+        loss_mask=loss_mask,
     )

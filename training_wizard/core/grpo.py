@@ -18,7 +18,7 @@ import torch
 
 from training_wizard.core.advantages import Moments, ShapedRewards, local_moments
 from training_wizard.core.kl import kl_per_token
-from training_wizard.core.masking import masked_mean, masked_sum
+from training_wizard.core.masking import masked_mean, masked_sum, truncation_mask
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 # Added to the standard deviation before dividing, as TRL's GRPO trainer does: a group whose rewards all agree
@@ -198,20 +198,14 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return (entropy >= threshold) & mask
 
 
-def truncation_mask(mask: torch.Tensor, has_stop: torch.Tensor) -> torch.Tensor:
-    """DAPO's overlong filtering (TRL's `mask_truncated_completions`): a completion cut off by the length limit
-    (no stop token) carries no loss. mask: (B, T) bool, has_stop: (B,) bool -> (B, T) bool."""
-    return mask & has_stop.unsqueeze(-1)
-
-
 @dataclass(frozen=True)
 class GRPOShapedRewards(ShapedRewards):
     """ShapedRewards with what GRPO's update and metrics need besides: std_is_zero (B,) bool (the row's reward
-    scale was zero); loss_mask (B, T) bool (response tokens that carry loss: truncated completions left out under
-    mask_truncated_completions); ref_logprobs (B, T) for the KL term (the policy's own when beta is 0)."""
+    scale was zero); ref_logprobs (B, T) for the KL term (the policy's own when beta is 0). GRPO always sets
+    loss_mask (truncated completions left out under mask_truncated_completions, constant groups under
+    dynamic_sampling)."""
 
     std_is_zero: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
 
 

@@ -19,7 +19,7 @@ class PolicyLossOutput:
 
 def clipped_surrogate_sequence(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, cliprange_high: float | None = None,
 ) -> PolicyLossOutput:
     """PPO's clipped loss with the whole completion as one action (RLOO, TRL's RLOO docs; the RLOO blog post).
 
@@ -27,12 +27,15 @@ def clipped_surrogate_sequence(
     With one epoch and one mini-batch the ratio is 1 and the gradient equals REINFORCE's (the RLOO blog post's example).
     The loss is the mean over completions: equal-sized micro-batches with accumulation give the full batch's
     gradient. `weights` (B,), detached, multiply each completion's term: the sampling correction of
-    core/importance_sampling.py when another engine sampled the completions.
+    core/importance_sampling.py when another engine sampled the completions. `cliprange_high` (DAPO's
+    clip-higher, TRL's `epsilon_high`): the ratio is clipped to [1 - cliprange, 1 + cliprange_high]; None:
+    cliprange. A completion whose mask is all False (mask_truncated_completions) has ratio 1 and no gradient.
     """
     log_ratio = masked_sum(logprobs, mask) - masked_sum(old_logprobs, mask)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    upper = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + upper)
     per_sequence = torch.max(unclipped, clipped)
     if weights is not None:
         per_sequence = per_sequence * weights
@@ -46,18 +49,20 @@ def clipped_surrogate_sequence(
 
 def clipped_surrogate_token(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, cliprange_high: float | None = None,
 ) -> PolicyLossOutput:
     """PPO's clipped loss with each token as an action. logprobs, old_logprobs, advantages, mask: (B, T).
 
     Each completion's loss is its masked token mean, and the batch loss the mean over completions, so the
     gradient does not depend on how the batch is split into micro-batches. `weights` (B, T), detached, multiply
-    each token's term (the sampling correction of core/importance_sampling.py).
+    each token's term (the sampling correction of core/importance_sampling.py). `cliprange_high` as in
+    `clipped_surrogate_sequence`.
     """
     log_ratio = (logprobs - old_logprobs) * mask.to(logprobs.dtype)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    upper = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + upper)
     per_token = torch.max(unclipped, clipped)
     if weights is not None:
         per_token = per_token * weights

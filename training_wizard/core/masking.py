@@ -45,3 +45,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Sum over positions where mask is True. values, mask: (B, T) -> (B,)."""
     return (values * mask.to(values.dtype)).sum(dim)
+
+
+def truncation_mask(mask: torch.Tensor, has_stop: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (TRL's `mask_truncated_completions`): a completion cut off by the length limit
+    (no stop token) carries no loss. mask: (B, T) bool, has_stop: (B,) bool -> (B, T) bool."""
+    return mask & has_stop.unsqueeze(-1)

@@ -107,9 +107,10 @@ class OnPolicyTrainer(UpdateLoop):
         eval_dataset=None,
         accelerator: Accelerator | None = None,
     ):
-        self.config = config
         self.tokenizer = tokenizer
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
+        self.config = config = config.for_processes(self.accelerator.num_processes)
         if self.accelerator.gradient_accumulation_steps != config.gradient_accumulation_steps:
             raise ValueError(
                 f"the Accelerator was made with gradient_accumulation_steps="

@@ -20,58 +20,22 @@ import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Literal
 
-from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from training_wizard.errors import UserError
-from training_wizard.spec import Spec
+from training_wizard.trainers.run_config import (
+    DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE, RunConfig, _alias,
+)
+from training_wizard.trainers.supervised_config import (
+    RewardConfig, SequenceClassificationConfig, SFTConfig, SupervisedConfig, SupervisedPlan,
+)
 
-
-def _alias(*names: str) -> AliasChoices:
-    return AliasChoices(*names)
-
-
-# The run's folder and seed are defined here once; a recipe sets them at its top level (recipes/base.py reads
-# these descriptions), and its [training] table refuses them.
-OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final model."
-SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
-DEFAULT_SEED = 42
-SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
-
-
-class RunConfig(Spec):
-    """Options every trainer shares, on-policy (RLOO, PPO) and supervised (SFT, reward model): the run's folder
-    and seed, the AdamW settings, logging, checkpoints and trackers. An "iteration" is one rollout and its update
-    on-policy, and one optimizer step in the supervised trainers."""
-
-    model_config = Spec.model_config | {"populate_by_name": True}
-
-    # -- run ---------------------------------------------------------------------------------------------------
-    output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
-    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
-    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
-    # -- optimisation --------------------------------------------------------------------------------------------
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
-        "linear", description="Learning-rate schedule over the iterations (stepped once per iteration)."
-    )
-    warmup_steps: int = Field(0, ge=0, description="Iterations of linear warmup (overrides warmup_ratio if > 0).")
-    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Share of iterations used for warmup.")
-    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
-    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
-    adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
-    max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
-    # -- logging, saving ---------------------------------------------------------------------------------------
-    logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
-    eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
-    save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
-    save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
-    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
-    )
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
-    )
-
+# RunConfig and the supervised configs live in their own modules; importing them from here keeps working.
+__all__ = [
+    "DEFAULT_SEED", "OUTPUT_DIR_DESCRIPTION", "SEED_DESCRIPTION", "SEED_RANGE", "RunConfig", "OnPolicyConfig",
+    "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
+    "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan",
+]
 
 class OnPolicyConfig(RunConfig):
     """Options shared by the on-policy trainers (RLOO now, PPO next)."""
@@ -79,9 +43,21 @@ class OnPolicyConfig(RunConfig):
     # -- batch sizes (see the module docstring) ------------------------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
     num_mini_batches: PositiveInt = Field(
-        1,
-        description="Optimizer steps per PPO epoch over one rollout batch. Newer TRL name: steps_per_generation.",
-        validation_alias=_alias("num_mini_batches", "steps_per_generation"),
+        1, description="Optimizer steps per PPO epoch over one rollout batch. steps_per_generation or "
+        "generation_batch_size (TRL 1.x's names) set it when given."
+    )
+    steps_per_generation: PositiveInt | None = Field(
+        None,
+        description="TRL 1.x's count of forward/backward passes per generation (rollout): a multiple of "
+        "gradient_accumulation_steps, setting num_mini_batches = steps_per_generation / gradient_accumulation_steps. "
+        "Default: gradient_accumulation_steps (one optimizer step per rollout). RLOO and PPO once read this name as "
+        "num_mini_batches itself; the two meanings agree when gradient_accumulation_steps is 1.",
+    )
+    generation_batch_size: PositiveInt | None = Field(
+        None,
+        description="Completions per generation over all processes (TRL 1.x): per_device_train_batch_size x "
+        "processes x steps_per_generation; resolved into num_mini_batches (which it overrides) once the number of "
+        "processes is known. Set it or steps_per_generation, not both.",
     )
     num_ppo_epochs: PositiveInt = Field(
         4,
@@ -221,6 +197,39 @@ class OnPolicyConfig(RunConfig):
     )
 
     @model_validator(mode="after")
+    def _steps_per_generation(self) -> OnPolicyConfig:
+        """TRL's steps_per_generation counts micro-batches; ours counts optimizer steps (num_mini_batches)."""
+        if self.steps_per_generation is None:
+            return self
+        if self.generation_batch_size is not None:
+            raise ValueError("set generation_batch_size or steps_per_generation, not both (they say the same thing)")
+        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
+        if steps % accumulation:
+            raise ValueError(f"steps_per_generation ({steps}) must be a multiple of gradient_accumulation_steps "
+                             f"({accumulation}): it counts forward/backward passes per rollout, as in TRL; for {steps} "
+                             f"optimizer steps per rollout set num_mini_batches = {steps} instead")
+        derived = steps // accumulation
+        if "num_mini_batches" in self.model_fields_set and self.num_mini_batches != derived:
+            raise ValueError(f"steps_per_generation ({steps}) means num_mini_batches = {derived}, but "
+                             f"num_mini_batches is {self.num_mini_batches}; set one of them")
+        object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
+        return self
+
+    def for_processes(self, world_size: int):
+        """This config with generation_batch_size resolved into num_mini_batches for `world_size` processes (the
+        trainers resolve it before anything reads num_mini_batches)."""
+        if self.generation_batch_size is None:
+            return self
+        per_step = self.per_device_train_batch_size * world_size * self.gradient_accumulation_steps
+        if self.generation_batch_size % per_step:
+            raise UserError(
+                f"training: generation_batch_size ({self.generation_batch_size}) must be a multiple of "
+                f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
+            )
+        return self.model_copy(update={"num_mini_batches": self.generation_batch_size // per_step,
+                                       "generation_batch_size": None})
+
+    @model_validator(mode="after")
     def _vllm_settings_agree(self) -> OnPolicyConfig:
         if self.use_vllm and self.logprobs_from_sampling is True:
             raise ValueError("use_vllm: the rollout's logprobs must come from the training forward pass under vLLM; "
@@ -248,6 +257,8 @@ class OnPolicyConfig(RunConfig):
 
     def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
         """Derive every batch size once, checking divisibility with an error that names both numbers."""
+        if self.generation_batch_size is not None:
+            return self.for_processes(world_size).batch_plan(world_size, dataset_rows)
         local = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches
         group = self.group_size()
         if local % group:
@@ -299,13 +310,46 @@ class RLOOConfig(OnPolicyConfig):
     normalize_reward: bool = Field(
         False, description="Standardise scores over the batch, then clamp them to +-reward_clip_range (Reinforce++)."
     )
-    reward_clip_range: PositiveFloat = Field(10.0, description="Clamp for normalised scores.")
-    normalize_advantage: bool = Field(False, description="Standardise advantages over the batch.")
+    reward_clip_range: PositiveFloat | tuple[float, float] = Field(
+        10.0,
+        description="One number c: with normalize_reward, clamp the standardised scores to [-c, c] (without it c "
+        "does nothing). A pair [min, max] (TRL 1.x's RLOO): clamp the raw scores, after missing_eos_penalty and "
+        "before the KL penalty is subtracted, whether or not normalize_reward is on (then the clamped scores are "
+        "standardised and not clamped again).",
+    )
+    normalize_advantage: bool = Field(
+        False,
+        description="Whiten the advantages over the whole batch (every process): (A - mean) / sqrt(var + 1e-8), "
+        "unbiased variance. TRL 1.x name: normalize_advantages (TRL divides by std + 1e-4: the same up to that "
+        "epsilon).",
+        validation_alias=_alias("normalize_advantage", "normalize_advantages"),
+    )
+    epsilon_high: PositiveFloat | None = Field(
+        None,
+        description="Upper clip of the ratio (DAPO's clip-higher, TRL 1.x's RLOO): a ratio is clipped to "
+        "[1 - cliprange, 1 + epsilon_high], so a positive advantage can raise a completion's probability further "
+        "than a negative one can lower it. The ratio is the sequence's (per token with token_level_kl). Default: "
+        "cliprange.",
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="Completions without the stop token (cut at response_length) carry no loss and no gradient "
+        "(DAPO; TRL 1.x's RLOO). They still count in their siblings' leave-one-out baselines with their full "
+        "reward (TRL also leaves their KL out of that reward, since it masks their tokens everywhere), and the loss "
+        "is still the mean over all completions.",
+    )
     token_level_kl: bool = Field(
         False,
         description="Per-token KL penalty (Reinforce++ eq. 1) with a per-token ratio, instead of one sequence-level"
         " KL term and a sequence-level ratio.",
     )
+
+    @field_validator("reward_clip_range")
+    @classmethod
+    def _ordered_pair(cls, value):
+        if isinstance(value, tuple) and not value[0] < value[1]:
+            raise ValueError(f"expected [min, max] with min < max, got {list(value)}")
+        return value
 
     def group_size(self) -> int:
         return self.rloo_k
@@ -355,21 +399,6 @@ class GRPOConfig(OnPolicyConfig):
 
     num_generations: int = Field(
         8, ge=2, description="Completions sampled per prompt: one group, whose mean reward is each one's baseline."
-    )
-    num_mini_batches: PositiveInt = Field(
-        1, description="Optimizer steps per pass over one rollout batch. steps_per_generation sets it when given."
-    )
-    steps_per_generation: PositiveInt | None = Field(
-        None,
-        description="TRL's count of forward/backward passes per generation: a multiple of "
-        "gradient_accumulation_steps, setting num_mini_batches = steps_per_generation / gradient_accumulation_steps. "
-        "Default: gradient_accumulation_steps (one optimizer step per generation).",
-    )
-    generation_batch_size: PositiveInt | None = Field(
-        None,
-        description="Completions per generation over all processes (TRL): per_device_train_batch_size x processes "
-        "x steps_per_generation; resolved into num_mini_batches (which it overrides) once the number of processes "
-        "is known.",
     )
     num_ppo_epochs: PositiveInt = Field(
         1,
@@ -444,15 +473,6 @@ class GRPOConfig(OnPolicyConfig):
     def _grpo_options(self) -> GRPOConfig:
         if self.whiten_rewards:
             raise ValueError("whiten_rewards is an RLOO/PPO option; GRPO scales rewards with scale_rewards")
-        if self.steps_per_generation is not None:
-            if self.steps_per_generation % self.gradient_accumulation_steps:
-                raise ValueError(f"steps_per_generation ({self.steps_per_generation}) must be a multiple of "
-                                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps})")
-            derived = self.steps_per_generation // self.gradient_accumulation_steps
-            if "num_mini_batches" in self.model_fields_set and self.num_mini_batches != derived:
-                raise ValueError(f"steps_per_generation ({self.steps_per_generation}) means num_mini_batches = "
-                                 f"{derived}, but num_mini_batches is {self.num_mini_batches}; set one of them")
-            object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
         return self
 
     group_key: ClassVar[str] = "num_generations"
@@ -463,24 +483,6 @@ class GRPOConfig(OnPolicyConfig):
     @property
     def uses_reference(self) -> bool:
         return self.kl_coef > 0.0
-
-    def for_processes(self, world_size: int) -> GRPOConfig:
-        """This config with generation_batch_size resolved into num_mini_batches for `world_size` processes."""
-        if self.generation_batch_size is None:
-            return self
-        per_step = self.per_device_train_batch_size * world_size * self.gradient_accumulation_steps
-        if self.generation_batch_size % per_step:
-            raise UserError(
-                f"training: generation_batch_size ({self.generation_batch_size}) must be a multiple of "
-                f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
-            )
-        return self.model_copy(update={"num_mini_batches": self.generation_batch_size // per_step,
-                                       "generation_batch_size": None})
-
-    def batch_plan(self, world_size: int = 1, dataset_rows: int | None = None) -> BatchPlan:
-        if self.generation_batch_size is not None:
-            return self.for_processes(world_size).batch_plan(world_size, dataset_rows)
-        return super().batch_plan(world_size, dataset_rows)
 
 
 @dataclass(frozen=True)
@@ -497,102 +499,3 @@ class BatchPlan:
 
     def rows(self) -> list[tuple[str, int]]:
         return list(asdict(self).items())
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Supervised stages: SFT and reward models (TRL's SFTConfig and RewardConfig names)
-
-
-class SupervisedConfig(RunConfig):
-    """Options of the supervised loop (trainers/supervised.py). One iteration is one optimizer step over
-    `per_device_train_batch_size x gradient_accumulation_steps x processes` examples of a shared seeded order,
-    epoch after epoch."""
-
-    per_device_train_batch_size: PositiveInt = Field(
-        8, description="Examples per forward/backward pass: sequences (packed rows with packing) or preference pairs."
-    )
-    per_device_eval_batch_size: PositiveInt = Field(8, description="Examples per forward pass in evaluation.")
-    num_train_epochs: PositiveFloat = Field(3.0, description="Passes over the training rows (unless max_steps is set).")
-    max_steps: PositiveInt | None = Field(
-        None, description="Optimizer steps in all; overrides num_train_epochs when set."
-    )
-    max_length: PositiveInt | None = Field(
-        1024, description="Keep at most this many tokens of each example (the end is cut off); null keeps all."
-    )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward: less memory, "
-                                         "about a third more compute.")
-
-    def supervised_plan(self, world_size: int, rows: int) -> SupervisedPlan:
-        """Examples per step and the number of steps, derived once."""
-        batch = self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
-        steps = self.max_steps or max(1, math.ceil(self.num_train_epochs * rows / batch))
-        return SupervisedPlan(world_size=world_size, rows=rows, batch_size=batch,
-                              micro_batch_size=self.per_device_train_batch_size, num_steps=steps)
-
-
-class SFTConfig(SupervisedConfig):
-    """Supervised fine-tuning (TRL's SFTConfig names): next-token cross-entropy on the completion tokens."""
-
-    learning_rate: PositiveFloat = Field(2e-5, description="Peak AdamW learning rate (TRL's SFTConfig default).")
-    completion_only_loss: bool = Field(
-        True,
-        description="Train on the completion tokens only: the `completion` of prompt/completion rows, the assistant "
-        "turns of `messages` rows (TRL's assistant_only_loss, accepted as an alias). false: every token. Rows of "
-        "plain `text` always train on every token.",
-        validation_alias=_alias("completion_only_loss", "assistant_only_loss"),
-    )
-    packing: bool = Field(
-        False,
-        description="Pack several examples into each row of max_length tokens (first fit, longest first). Position "
-        "ids restart at each example, so no token attends to another example (transformers builds the block-diagonal "
-        "mask from them on eager, sdpa and flash attention); the loss equals the unpacked one.",
-    )
-    add_eos_token: bool = Field(
-        True, description="End each prompt/completion row's completion with the EOS token if it lacks one (as TRL does)."
-    )
-
-
-class RewardConfig(SupervisedConfig):
-    """Reward-model training (TRL's RewardConfig names): the Bradley-Terry loss on chosen/rejected pairs."""
-
-    learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
-    center_rewards_coefficient: NonNegativeFloat | None = Field(
-        None, description="Weight of the term mean((r_chosen + r_rejected)^2), which keeps rewards centred on zero "
-        "(Eisenstein et al. 2023; TRL's RewardConfig). null or 0: off."
-    )
-    disable_dropout: bool = Field(True, description="Turn dropout off in the model (as TRL's RewardConfig does).")
-
-
-class SequenceClassificationConfig(SupervisedConfig):
-    """Sequence classification (training-wizard 1.0's sequence_classification recipe): a classifier with
-    `num_labels` outputs trained on text rows with an integer label."""
-
-    learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
-    loss_type: Literal["cross_entropy", "binary_cross_entropy"] = Field(
-        "cross_entropy", description="cross_entropy: softmax over num_labels classes; binary_cross_entropy: one "
-        "output, labels 0/1, sigmoid."
-    )
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Label smoothing of the loss.")
-    num_labels: PositiveInt = Field(2, description="Outputs of the classifier (1 for binary_cross_entropy).")
-    text_column: str = Field("text", description="The column with the text to classify.")
-    label_column: str = Field("labels", description="The column with the integer label.")
-
-    @model_validator(mode="after")
-    def _binary_has_one_output(self) -> SequenceClassificationConfig:
-        if self.loss_type == "binary_cross_entropy" and self.num_labels != 1:
-            raise ValueError("loss_type = binary_cross_entropy needs num_labels = 1")
-        return self
-
-
-@dataclass(frozen=True)
-class SupervisedPlan:
-    world_size: int
-    rows: int
-    batch_size: int
-    micro_batch_size: int
-    num_steps: int
-
-    def rows_table(self) -> list[tuple[str, int]]:
-        return [("training rows", self.rows), ("examples per step (batch_size)", self.batch_size),
-                ("examples per forward pass", self.micro_batch_size), ("processes", self.world_size),
-                ("optimizer steps", self.num_steps)]

@@ -40,15 +40,14 @@ class GRPOTrainer(OnPolicyTrainer):
 
     def __init__(self, config: GRPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
                  eval_dataset=None, accelerator: Accelerator | None = None):
-        accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
         self.loss_options = GRPOLossOptions(
             loss_type=config.loss_type, epsilon=config.cliprange, epsilon_high=config.epsilon_high,
             delta=config.delta, importance_sampling_level=config.importance_sampling_level, beta=config.kl_coef,
         )
         self.step_tokens: StepTokens | None = None
-        super().__init__(config=config.for_processes(accelerator.num_processes), tokenizer=tokenizer,
-                         policy=policy, reward_model=reward_model, train_dataset=train_dataset,
-                         ref_policy=ref_policy, eval_dataset=eval_dataset, accelerator=accelerator)
+        super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
+                         train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
+                         accelerator=accelerator)
 
     # -- step 6 ------------------------------------------------------------------------------------------------
     def shape_rewards(self, rollout: Rollout) -> ShapedRewards:

@@ -8,8 +8,8 @@ from training_wizard.core.advantages import RLOOShaping, ShapedRewards, local_mo
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.record import Rollout
 from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.update import MicroBatchLoss
 from training_wizard.trainers.config import RLOOConfig
+from training_wizard.trainers.update import MicroBatchLoss
 
 
 class RLOOTrainer(OnPolicyTrainer):
@@ -31,10 +31,11 @@ class RLOOTrainer(OnPolicyTrainer):
             token_level_kl=config.token_level_kl, normalize_reward=config.normalize_reward,
             reward_clip_range=config.reward_clip_range, whiten_rewards=config.whiten_rewards,
             normalize_advantage=config.normalize_advantage,
+            mask_truncated_completions=config.mask_truncated_completions,
         )
         return rloo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.response_mask, options,
-            moments=self.collectives.global_moments(local_moments),
+            moments=self.collectives.global_moments(local_moments), has_stop=rollout.has_stop,
         )
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
@@ -44,8 +45,9 @@ class RLOOTrainer(OnPolicyTrainer):
             surrogate, weights = clipped_surrogate_token, correction.token if correction is not None else None
         else:
             surrogate, weights = clipped_surrogate_sequence, correction.sequence if correction is not None else None
-        out = surrogate(token.logprobs, old, shaped["advantages"], rows["response_mask"], self.config.cliprange,
-                        weights)
+        mask = shaped.get("loss_mask", rows["response_mask"])  # loss_mask: set by mask_truncated_completions
+        out = surrogate(token.logprobs, old, shaped["advantages"], mask, self.config.cliprange, weights,
+                        cliprange_high=self.config.epsilon_high)
         stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
                  "policy/clipfrac_avg": out.clipfrac}
         return MicroBatchLoss(loss=out.loss, entropy=token.entropy, ratio=out.ratio, stats=stats)

@@ -1,0 +1,59 @@
+"""The options every trainer shares (RunConfig): the run's folder and seed, AdamW, logging, checkpoints.
+
+The on-policy configs (trainers/config.py) and the supervised ones (trainers/supervised_config.py) extend it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from training_wizard.spec import Spec
+
+
+def _alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+# The run's folder and seed are defined here once; a recipe sets them at its top level (recipes/base.py reads
+# these descriptions), and its [training] table refuses them.
+OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final model."
+SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
+DEFAULT_SEED = 42
+SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
+
+
+class RunConfig(Spec):
+    """Options every trainer shares, on-policy (RLOO, PPO) and supervised (SFT, reward model): the run's folder
+    and seed, the AdamW settings, logging, checkpoints and trackers. An "iteration" is one rollout and its update
+    on-policy, and one optimizer step in the supervised trainers."""
+
+    model_config = Spec.model_config | {"populate_by_name": True}
+
+    # -- run ---------------------------------------------------------------------------------------------------
+    output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
+    seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
+    gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
+    # -- optimisation --------------------------------------------------------------------------------------------
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="Learning-rate schedule over the iterations (stepped once per iteration)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Iterations of linear warmup (overrides warmup_ratio if > 0).")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Share of iterations used for warmup.")
+    weight_decay: NonNegativeFloat = Field(0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
+    max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
+    # -- logging, saving ---------------------------------------------------------------------------------------
+    logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
+    eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")
+    save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
+    save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
+    )
