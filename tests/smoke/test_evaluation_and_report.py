@@ -138,3 +138,61 @@ def test_report_shows_samples_side_by_side_escaped_and_opens_in_chromium(tmp_pat
     assert high - low > 100  # not a blank page: text and the plot are drawn
     colours = len(set(image.resize((320, 225)).getdata()))
     assert colours > 20
+
+
+METRICS_RECIPE = """\
+output_dir = "{out}"
+seed = 1
+response_length = 6
+temperature = 0.0
+
+[prompts]
+data_files = "{data}"
+
+[candidate]
+pretrained_name = "{model}"
+
+[baseline]
+pretrained_name = "{model}"
+
+[metrics.long]
+reward_funcs = ["eval_rewards:is_long"]
+
+[metrics.length]
+reward_funcs = ["eval_rewards:length"]
+"""
+
+METRIC_REWARDS = REWARDS + '''
+def is_long(completions, **columns):
+    return [float(len(c) > 12) for c in completions]
+'''
+
+
+def test_eval_metrics_score_each_model_on_its_own_with_intervals(eval_folder, tiny_model_dir, capsys):
+    from training_wizard.evaluation.winrate import wilson
+
+    (eval_folder / "eval_rewards.py").write_text(METRIC_REWARDS)
+    path = eval_folder / "metrics.toml"
+    path.write_text(METRICS_RECIPE.format(out=eval_folder / "eval", data=eval_folder / "prompts.jsonl",
+                                          model=tiny_model_dir))
+    assert main(["eval", str(path)]) == 0, capsys.readouterr().err
+    summary = json.loads((eval_folder / "eval" / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (eval_folder / "eval" / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and not (eval_folder / "eval" / "winrate.json").exists()  # no judge, no win rate
+    share = sum(len(r["candidate"]) > 12 for r in rows) / 6
+    long = summary["candidate"]["long"]
+    assert long["mean"] == pytest.approx(share) and long["n"] == 6
+    assert (long["ci95_low"], long["ci95_high"]) == pytest.approx(wilson(share, 6))  # 0/1 values: Wilson
+    lengths = [float(len(r["candidate"])) for r in rows]
+    assert summary["candidate"]["length"]["mean"] == pytest.approx(sum(lengths) / 6)
+    assert summary["baseline"] == {**summary["candidate"], "model": summary["baseline"]["model"]}  # same model, greedy
+    assert [r["candidate_long"] for r in rows] == [float(len(r["candidate"]) > 12) for r in rows]
+
+
+def test_eval_without_judge_or_metrics_is_one_line(eval_folder, tiny_model_dir, capsys):
+    path = eval_folder / "none.toml"
+    path.write_text(f'output_dir = "{eval_folder}/e"\n[prompts]\ndata_files = "{eval_folder}/prompts.jsonl"\n'
+                    f'[candidate]\npretrained_name = "{tiny_model_dir}"\n')
+    assert main(["eval", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "set a judge" in err and len(err.splitlines()) == 1

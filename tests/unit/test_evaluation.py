@@ -122,3 +122,12 @@ def test_chat_judge_needs_its_base_url(monkeypatch):
     monkeypatch.delenv("TW_TEST_JUDGE_URL", raising=False)
     with pytest.raises(UserError, match="TW_TEST_JUDGE_URL is not set"):
         chat_judge().judge(["p"], ["a"], ["b"], {})
+
+
+def test_mean_score_interval_by_hand():
+    from training_wizard.evaluation.winrate import mean_score
+
+    share = mean_score([1.0, 0.0, 1.0, 1.0])  # a share: Wilson's interval
+    assert (share.mean, (share.low, share.high)) == (0.75, wilson(0.75, 4))
+    spread = mean_score([1.0, 2.0, 3.0])  # mean 2, sample sd 1: 2 +- 1.96 / sqrt(3)
+    assert spread.mean == 2.0 and spread.high - 2.0 == pytest.approx(1.959963984540054 / math.sqrt(3))

@@ -54,3 +54,31 @@ def wilson(proportion: float, n: int, z: float = Z_95) -> tuple[float, float]:
     centre = (proportion + z * z / (2 * n)) / denominator
     half = z * math.sqrt(proportion * (1 - proportion) / n + z * z / (4 * n * n)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class MeanScore:
+    """The mean of per-prompt scores and its 95% interval [low, high]."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def describe(self) -> str:
+        return f"{self.mean:.1%} (95% CI {self.low:.1%} to {self.high:.1%}; n={self.n})"
+
+
+def mean_score(values: list[float]) -> MeanScore:
+    """Mean of `values` with its 95% interval: Wilson's score interval when every value is 0 or 1 (a share, such as
+    answers that are right), else the normal approximation with the sample standard deviation."""
+    if not values:
+        raise ValueError("no values to average")
+    n = len(values)
+    mean = sum(values) / n
+    if all(v in (0.0, 1.0) for v in values):
+        low, high = wilson(mean, n)
+        return MeanScore(mean, low, high, n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    half = Z_95 * sd / math.sqrt(n)
+    return MeanScore(mean, mean - half, mean + half, n)

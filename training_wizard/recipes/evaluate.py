@@ -2,8 +2,9 @@
 
 One completion per held-out prompt from the candidate model, and one from the baseline model (or the prompt
 rows' own reference completions), judged pairwise; writes the win rate with its 95% interval and every decision
-(`decisions.jsonl`, `decisions.html`, `winrate.json`) into output_dir. A LoRA run's `model/` folder loads as a
-model (its base with the adapter merged).
+(`decisions.jsonl`, `decisions.html`, `winrate.json`) into output_dir. `[metrics]` scores each model on its own
+(e.g. the share of answers that are right) and writes `metrics.json` and `completions.jsonl`. A LoRA run's
+`model/` folder loads as a model (its base with the adapter merged).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from training_wizard.evaluation.judges import JudgeSpec
 from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
+from training_wizard.specs.reward import RewardSpec
 
 
 class EvaluateRecipe(Recipe):
@@ -31,7 +33,14 @@ class EvaluateRecipe(Recipe):
     reference_column: str | None = Field(
         None, description="Instead of a baseline model: the column of the prompt rows holding reference completions."
     )
-    judge: JudgeSpec = Field(description="Who decides each pair (RewardJudgeSpec or ChatJudgeSpec).")
+    judge: JudgeSpec | None = Field(
+        None, description="Who decides each pair (RewardJudgeSpec or ChatJudgeSpec); optional when metrics are set."
+    )
+    metrics: dict[str, RewardSpec] = Field(
+        default_factory=dict,
+        description="Name -> reward spec scoring each model's completions on its own: the mean over the prompts and "
+        "its 95% interval (Wilson's when every value is 0 or 1, i.e. a share), for the candidate and the baseline.",
+    )
     response_length: PositiveInt = Field(64, description="Most new tokens per completion.")
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 decodes greedily.")
     batch_size: PositiveInt = Field(16, description="Prompts per generation batch.")
@@ -39,8 +48,13 @@ class EvaluateRecipe(Recipe):
 
     @model_validator(mode="after")
     def _one_baseline(self) -> EvaluateRecipe:
-        if (self.baseline is None) == (self.reference_column is None):
-            raise ValueError("set exactly one of baseline (a model) or reference_column (completions in the data)")
+        if self.judge is None and not self.metrics:
+            raise ValueError("set a judge (pairwise win rate), metrics (per-model scores), or both")
+        if self.baseline is not None and self.reference_column is not None:
+            raise ValueError("set baseline (a model) or reference_column (completions in the data), not both")
+        if self.judge is not None and self.baseline is None and self.reference_column is None:
+            raise ValueError("a judge compares two sides: set baseline (a model) or reference_column (completions "
+                             "in the data)")
         self.candidate._key = "candidate"
         if self.baseline is not None:
             self.baseline._key = "baseline"
@@ -60,24 +74,64 @@ class EvaluateRecipe(Recipe):
         rows = list(rows)
         if self.reference_column is not None and self.reference_column not in rows[0]:
             raise UserError(f"reference_column: column '{self.reference_column}' is not in the prompt rows")
-        console.print(f"{len(rows)} prompts; judge {type(self.judge).__name__}")
+        judged = f"judge {type(self.judge).__name__}" if self.judge is not None else "no judge"
+        console.print(f"{len(rows)} prompts; {judged}; metrics: {', '.join(self.metrics) or 'none'}")
         if dry_run:
             return
         queries, candidates, candidate_stops = self._completions(self.candidate, rows)
+        baselines: list[str] | None = None
+        baseline_stops: list[bool] = []
+        names = (self.candidate.pretrained_name, "")
         if self.baseline is not None:
             _, baselines, baseline_stops = self._completions(self.baseline, rows)
             names = (self.candidate.pretrained_name, self.baseline.pretrained_name)
-        else:
+        elif self.reference_column is not None:
             baselines = [str(row[self.reference_column]) for row in rows]
             baseline_stops = [True] * len(rows)  # a reference completion is finished
             names = (self.candidate.pretrained_name, f"column {self.reference_column}")
         columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", self.reference_column)}
-        sides = ({"completion_has_eos": candidate_stops}, {"completion_has_eos": baseline_stops})
-        outcomes = self.judge.judge(queries, candidates, baselines, columns, sides)
-        result = win_rate(outcomes)
-        write_decisions(Path(self.output_dir), queries, candidates, baselines, outcomes, result, names)
-        console.print(f"{names[0]} vs {names[1]}: {result.describe()}", soft_wrap=True)
-        console.print(f"decisions: {Path(self.output_dir) / 'decisions.html'}")
+        if self.metrics:
+            sides = [(names[0], candidates, candidate_stops)]
+            if baselines is not None:
+                sides.append((names[1], baselines, baseline_stops))
+            self._report_metrics(console, queries, columns, sides)
+        if self.judge is not None and baselines is not None:
+            sides = ({"completion_has_eos": candidate_stops}, {"completion_has_eos": baseline_stops})
+            outcomes = self.judge.judge(queries, candidates, baselines, columns, sides)
+            result = win_rate(outcomes)
+            write_decisions(Path(self.output_dir), queries, candidates, baselines, outcomes, result, names)
+            console.print(f"{names[0]} vs {names[1]}: {result.describe()}", soft_wrap=True)
+            console.print(f"decisions: {Path(self.output_dir) / 'decisions.html'}")
+
+    def _report_metrics(self, console: Console, queries: list[str], columns: dict[str, list[Any]],
+                        sides: list[tuple[str, list[str], list[bool]]]) -> None:
+        """Score each side's completions with every metric; print and write `metrics.json` (mean and 95% interval
+        per side and metric) and `completions.jsonl` (each prompt's completions and their values)."""
+        import json
+
+        from training_wizard.evaluation.winrate import mean_score
+
+        folder = Path(self.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        summary: dict[str, dict[str, Any]] = {}
+        per_row: list[dict[str, Any]] = [{"prompt": q} for q in queries]
+        for side, (name, completions, stops) in zip(("candidate", "baseline"), sides):
+            summary[side] = {"model": name}
+            for metric, spec in self.metrics.items():
+                values, _ = spec.score(queries, completions, {**columns, "completion_has_eos": stops},
+                                       label=f"metrics.{metric}")
+                result = mean_score(values)
+                summary[side][metric] = {"mean": result.mean, "ci95_low": result.low, "ci95_high": result.high,
+                                         "n": result.n}
+                console.print(f"{side} {name}: {metric} {result.describe()}", soft_wrap=True)
+                for row, value in zip(per_row, values):
+                    row[f"{side}_{metric}"] = value
+            for row, completion in zip(per_row, completions):
+                row[side] = completion
+        (folder / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        with (folder / "completions.jsonl").open("w", encoding="utf-8") as out:
+            out.writelines(json.dumps(row) + "\n" for row in per_row)
+        console.print(f"metrics: {folder / 'metrics.json'}")
 
     @torch.no_grad()
     def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[str], list[bool]]:
