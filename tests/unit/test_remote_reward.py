@@ -32,6 +32,7 @@ class RewardServer:
                 server.requests.append((self.path, body, self.headers.get("Authorization")))
                 if self.path == "/hang":
                     time.sleep(1.0)
+                    return  # the client gave up long ago: writing to its closed socket would only print noise
                 if self.path == "/flaky" and len(server.requests) == 1:
                     self.send_response(500)
                     self.end_headers()
