@@ -84,3 +84,26 @@ def test_ppo_script_takes_the_ppov2_docs_flags(tmp_path, tiny_model_dir):
     assert trained.returncode == 0, trained.stderr[-2000:]
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and metrics[-1]["episode"] == 8 and metrics[-1]["loss/value_avg"] > 0
+
+
+def test_grpo_example_data_is_what_its_generator_writes():
+    from examples.grpo.make_problems import problems
+
+    rows = [json.loads(line) for line in (ROOT / "examples/grpo/data/products.jsonl").read_text().splitlines()]
+    assert rows == problems() and len(rows) == 121
+    assert all(int(row["answer"]) == eval(row["prompt"][0]["content"].split("?")[0][8:]) for row in rows)
+
+
+def test_grpo_example_rewards_score_by_hand():
+    from examples.grpo.rewards import equation_format
+    from training_wizard.specs.verifiable import accuracy_reward
+
+    replies = ["7 * 8 = 56", "7 * 8 = 54.", "56", "7 * 8 = 56, or 58"]  # right: the last number
+    assert equation_format(completions=replies) == [1.0, 1.0, 0.0, 0.0]
+    assert accuracy_reward(completions=replies, answer=["56"] * 4) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_grpo_example_evaluation_dry_runs(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["eval", "examples/grpo/evaluate.toml", "--dry-run"]) == 0, capsys.readouterr().err
+    assert "31 prompts" in capsys.readouterr().out
