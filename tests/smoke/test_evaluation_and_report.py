@@ -156,10 +156,10 @@ pretrained_name = "{model}"
 pretrained_name = "{model}"
 
 [metrics.long]
-reward_funcs = ["eval_rewards:is_long"]
+reward_funcs = ["eval_metric_rewards:is_long"]
 
 [metrics.length]
-reward_funcs = ["eval_rewards:length"]
+reward_funcs = ["eval_metric_rewards:length"]
 """
 
 METRIC_REWARDS = REWARDS + '''
@@ -171,7 +171,8 @@ def is_long(completions, **columns):
 def test_eval_metrics_score_each_model_on_its_own_with_intervals(eval_folder, tiny_model_dir, capsys):
     from training_wizard.evaluation.winrate import wilson
 
-    (eval_folder / "eval_rewards.py").write_text(METRIC_REWARDS)
+    # a module name of its own: an earlier test's eval_rewards may already be imported (without is_long)
+    (eval_folder / "eval_metric_rewards.py").write_text(METRIC_REWARDS)
     path = eval_folder / "metrics.toml"
     path.write_text(METRICS_RECIPE.format(out=eval_folder / "eval", data=eval_folder / "prompts.jsonl",
                                           model=tiny_model_dir))
