@@ -247,3 +247,30 @@ def test_trainer_passes_sampled_ids_and_iteration(tmp_path):
     assert first["rewards/keep_ids"] == pytest.approx(sum(lengths) / len(lengths))
     assert math.isfinite(first["objective/scores"])
     assert torch.isfinite(rollout.scores).all()
+
+
+def id_checksum(prompts, completions, completion_ids, **columns):
+    seen.append({"ids": completion_ids})
+    return [None if i == 0 else float(sum(ids) % 11) for i, ids in enumerate(completion_ids)]
+
+
+def test_grpo_logs_each_functions_mean_and_std_over_the_completions_it_scored(tmp_path):
+    import statistics
+
+    from training_wizard import GRPOConfig, GRPOTrainer
+    from training_wizard.testing import build_causal_lm, build_tokenizer
+    from training_wizard.tracking.metrics import read_metrics
+
+    seen.clear()
+    tokenizer = build_tokenizer()
+    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, total_episodes=4, response_length=5,
+                        num_sample_generations=0, num_generations=2, logprobs_from_sampling=False)
+    trainer = GRPOTrainer(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer),
+                          reward_model=funcs("id_checksum", "count_x"),
+                          train_dataset=[{"prompt": "Say 1."}, {"prompt": "Say 2."}])
+    trainer.train()
+    logged = read_metrics(tmp_path)[0]
+    values = [float(sum(ids) % 11) for ids in seen[0]["ids"][1:]]  # row 0 returned None: not scored
+    assert len(set(values)) > 1  # unequal values: n - 1 and n give different deviations
+    assert logged["rewards/id_checksum/mean"] == pytest.approx(statistics.mean(values))
+    assert logged["rewards/id_checksum/std"] == pytest.approx(statistics.stdev(values))  # n - 1, as TRL's nanstd

@@ -378,6 +378,15 @@ class OnPolicyTrainer(UpdateLoop):
         sums = self.collectives.sum(sums)
         return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan
 
+    def _component_std(self, values: list[float], mean: float) -> float:
+        """Unbiased standard deviation of a reward component over every process's completions it scored, around
+        its global `mean` (TRL's nanstd); NaN when fewer than two were scored."""
+        local = torch.tensor(values, dtype=torch.float64)
+        kept = local[~local.isnan()]
+        sums = torch.stack([((kept - mean) ** 2).sum(), torch.tensor(float(len(kept)), dtype=torch.float64)])
+        squares, count = (float(x) for x in self.collectives.sum(sums.to(self.accelerator.device)))
+        return math.sqrt(squares / (count - 1)) if count > 1 else math.nan
+
     def sampling_correction(self, rows: dict[str, torch.Tensor]) -> ImportanceWeights | None:
         """The weights that correct the update for another engine (vLLM) having sampled the rows, or None
         (core/importance_sampling.py): from the rollout's training-pass logprobs and the sampler's."""

@@ -8,7 +8,7 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   counts of each optimizer step are taken before its first micro-batch (`step_token_counts`), so gradient
   accumulation and several processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones (`reward`, `reward_std`, `frac_reward_zero_std`,
-  `completions/clipped_ratio`, `clip_ratio/*`, `entropy`, `kl`, `rewards/<name>/mean`).
+  `completions/clipped_ratio`, `clip_ratio/*`, `entropy`, `kl`, `rewards/<name>/mean` and `/std`).
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ class GRPOTrainer(OnPolicyTrainer):
             "frac_reward_zero_std": float(shares[0]),
             "completions/clipped_ratio": float(shares[1]),
         })
-        for name in rollout.components:
+        for name, values in rollout.components.items():
             metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
+            metrics[f"rewards/{name}/std"] = self._component_std(values, metrics[f"rewards/{name}"])
         return metrics
