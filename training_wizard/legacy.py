@@ -6,7 +6,8 @@ next to Hugging Face `TrainingArguments` keys), with `validation` holding rows o
 maps every key to today's recipe and records a `Note` for each one it translated or dropped: dropped keys that do
 not change the result are warned about, one line each; a key whose loss would change the result stops with one
 line. 1.0 reward classes keep working through `LegacyRewardSpec`, which gives them the inputs they were written
-against. 1.0's GRPO recipe is read by legacy_grpo.py on top of this module. docs/migrating.md has the key tables.
+against. 1.0's GRPO recipe is read by legacy_grpo.py and its modular (SFT, sequence classification) recipe by
+legacy_supervised.py, both on top of this module. docs/migrating.md has the key tables.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from training_wizard.specs.reward import RewardSpec
 
 RLOO_CLASSES = ("training_wizard.recipes.rloo.RLOOTrainingSpec", "training_wizard.recipes.rloo.RLOOSpec")
 GRPO_CLASS = "training_wizard.recipes.grpo.GRPOTrainingSpec"
+MODULAR_CLASS = "training_wizard.recipes.modular.ModularTrainingSpec"
 LEGACY_TABLES = ("transformer_spec", "reference_transformer_spec", "dataset_spec", "reward_spec", "training_args_spec")
 
 
@@ -60,7 +62,9 @@ def translate_legacy_recipe(data: dict[str, Any], path: Path | str) -> Translati
     data = copy.deepcopy(data)
     recipe_class = data.pop("spec_class")
     if recipe_class == MODULAR_CLASS:
-        return _translate_modular(data, path)
+        from training_wizard.legacy_supervised import translate_modular  # it builds on this module's translators
+
+        return translate_modular(data, path)
     if recipe_class == GRPO_CLASS:
         from training_wizard.legacy_grpo import translate_grpo  # it builds on this module's translators
 
@@ -290,14 +294,16 @@ _ADAMW = ("adamw_torch", "adamw_hf", "adamw_torch_fused", "adamw")
 
 
 def _training(table: dict[str, Any], out: Translation, same: set[str] = _SAME,
-              ignored: dict[str, str] = _IGNORED) -> None:
+              ignored: dict[str, str] = _IGNORED, reads_max_steps: bool = False) -> None:
+    """`training_args_spec` into `[training]`: `same` keys keep their names, `ignored` ones are dropped with their
+    reason; `reads_max_steps` for a recipe whose training is counted in optimizer steps (the supervised ones)."""
     training = out.recipe.setdefault("training", {})
     for key, value in table.items():
         where = f"training_args_spec.{key}"
         if key in ("output_dir", "seed"):
             out.recipe[key] = value
             out.note(where, key)
-        elif key == "max_steps" and same is _SUPERVISED_SAME:
+        elif key == "max_steps" and reads_max_steps:
             if value is not None and value > 0:
                 training[key] = value
             out.note(where, "training.max_steps" if value and value > 0 else None, "" if value and value > 0
@@ -332,105 +338,6 @@ def _strategy(key: str, value: str, where: str, out: Translation) -> None:
         out.note(where, None, "the *_steps keys decide" if value == "steps" else "nothing to do")
         return
     raise UserError(f"{where}: '{value}' has no equivalent here; use 'steps' with save_steps / eval_steps")
-
-
-# -- the modular recipe: instruction tuning (SFT) and sequence classification ----------------------------------
-MODULAR_CLASS = "training_wizard.recipes.modular.ModularTrainingSpec"
-_MODULES = {
-    "training_wizard.specs.modules.instruction_tune.InstructionTuningModule": "sft",
-    "training_wizard.specs.modules.seq_cls.SequenceClassifierModule": "sequence_classification",
-}
-_SUPERVISED_SAME = {
-    "learning_rate", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-    "num_train_epochs", "warmup_steps", "warmup_ratio", "logging_steps", "save_steps", "save_total_limit",
-    "gradient_checkpointing", "lr_scheduler_type", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon",
-    "max_grad_norm", "eval_steps",
-}
-_SUPERVISED_IGNORED = {
-    **{k: v for k, v in _IGNORED.items() if k != "per_device_eval_batch_size"},
-    "neftune_noise_alpha": "NEFTune's embedding noise is not available: training runs without it",
-    "torch_compile": "the supervised loop runs eager",
-}
-# What each 1.0 module key becomes: a [training] key, or None (dropped) with the reason.
-_MODULE_KEYS: dict[str, dict[str, tuple[str | None, str]]] = {
-    "sft": {
-        "assistant_only": ("completion_only_loss", ""),
-        "eval_sample_size": (None, "held-out rows are scored by eval/loss and eval/mean_token_accuracy, not sampled"),
-        "peek_rate": (None, "no generations are printed during SFT"),
-        "peek_sample_size": (None, "no generations are printed during SFT"),
-        "generation_args": (None, "no generations are made during SFT"),
-    },
-    "sequence_classification": {
-        "loss_type": ("loss_type", ""), "label_smoothing": ("label_smoothing", ""),
-        "compute_eval_metrics": (None, "eval/loss and eval/accuracy are always logged"),
-        "save_plots": (None, "metrics.png is always written"),
-    },
-}
-
-
-def _translate_modular(data: dict[str, Any], path: Path | str) -> Translation:
-    """1.0's modular recipe with an instruction-tuning module (-> "sft") or a sequence-classification module
-    (-> "sequence_classification")."""
-    module = dict(data.get("wizard_module") or {})
-    kind = _MODULES.get(module.pop("spec_class", None))
-    if kind is None:
-        raise UserError(f"{path}: wizard_module.spec_class: this version reads 1.0's instruction tuning and sequence "
-                        f"classification modules ({', '.join(_MODULES)})")
-    out = Translation({"recipe_class": kind}, output_column="messages" if kind == "sft" else "prompt")
-    out.note("spec_class", "recipe_class", f"the {kind} recipe")
-    check_top_keys(data, path, "modular", ("wizard_module", "dataset_spec", "training_args_spec", "validation",
-                                           "callbacks_spec"), ("dataset_spec",))
-    if not isinstance(module.get("transformer_spec"), dict):
-        raise UserError(f"{path}: wizard_module.transformer_spec: required table is missing")
-    _training(data.get("training_args_spec", {}), out, _SUPERVISED_SAME, _SUPERVISED_IGNORED)
-    out.recipe["model"] = _supervised_model(module.pop("transformer_spec"), kind, out)
-    training = out.recipe["training"]
-    for key, value in module.items():
-        target, reason = _MODULE_KEYS[kind].get(key, ("", ""))
-        if target == "":
-            raise UserError(f"{path}: wizard_module.{key}: no equivalent here")
-        if target is not None:
-            training[target] = value
-        out.note(f"wizard_module.{key}", f"training.{target}" if target else None, reason)
-    if kind == "sft" and training.get("completion_only_loss", True):
-        _note_last_turn_only(data["dataset_spec"], out)
-    out.recipe["dataset"] = _dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
-    if "validation" in data:
-        _validation(data["validation"], out)
-    if "callbacks_spec" in data:
-        out.note("callbacks_spec", None, "no early stopping: the run trains its full length and logs the held-out "
-                 "metrics every eval_steps")
-    return out
-
-
-def _supervised_model(table: dict[str, Any], kind: str, out: Translation) -> dict[str, Any]:
-    """The module's transformer_spec: the tokenizer's max_length becomes training.max_length, a classifier's
-    num_labels training.num_labels."""
-    table = dict(table)
-    call = dict(table.pop("tokenizer_call_kwargs", None) or {})
-    if "max_length" in call:
-        out.recipe["training"]["max_length"] = call.pop("max_length")
-        out.note("wizard_module.transformer_spec.tokenizer_call_kwargs.max_length", "training.max_length")
-    for key in call:
-        out.note(f"wizard_module.transformer_spec.tokenizer_call_kwargs.{key}", None,
-                 "examples are cut to training.max_length tokens")
-    model = _model(table, "wizard_module.transformer_spec", "model", out)
-    extra = model.get("from_pretrained_kwargs", {})
-    if kind == "sequence_classification" and "num_labels" in extra:
-        out.recipe["training"]["num_labels"] = extra.pop("num_labels")
-        out.note("wizard_module.transformer_spec.from_pretrained_kwargs.num_labels", "training.num_labels")
-        if not extra:
-            model.pop("from_pretrained_kwargs")
-    return model
-
-
-def _note_last_turn_only(dataset: dict[str, Any], out: Translation) -> None:
-    """1.0 trained only the last assistant message of each conversation; this SFT trains every assistant turn.
-    Say so when a template has several."""
-    template = dataset.get("messages_template") or []
-    if sum(m.get("role") == "assistant" for m in template if isinstance(m, dict)) > 1:
-        out.note("wizard_module.assistant_only", None, "every assistant message of the template trains here; "
-                 "1.0 trained the last one only")
 
 
 # -- rewards --------------------------------------------------------------------------------------------------
