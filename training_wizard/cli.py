@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from training_wizard.errors import USER_ERROR_EXIT_CODE, UserError
 
@@ -156,5 +158,24 @@ def _quiet_libraries() -> None:
         pass
 
 
+STOPPED_BY_SIGNAL_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The process entry point (the `training-wizard` script and `python -m training_wizard`): exit with `main`'s
+    code.
+
+    After a stop by signal the checkpoint is committed and every output closed; the process then leaves with
+    `os._exit`, skipping the interpreter's teardown. In that teardown a native thread that torch left running
+    (torch.compile's workers, the process group's) was seen to abort the process ("terminate called without an
+    active exception", SIGABRT), so a scheduler read a crash instead of 143 or 130."""
+    code = main(argv)
+    if code in STOPPED_BY_SIGNAL_EXIT_CODES:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

@@ -55,3 +55,29 @@ def test_external_sigterm_to_the_cli_process(tmp_path, tiny_model_dir):
     step = read_manifest(find_checkpoint(output, "latest"))["step"]
     assert step >= 2 and len(read_jsonl(output / "metrics.jsonl")) == step
     assert err.strip().splitlines()[-1].startswith(f"training-wizard: stopped by SIGTERM at step {step};")
+
+
+def test_entry_point_leaves_a_stopped_run_without_interpreter_teardown(monkeypatch):
+    # After a stop the work is saved; the process must leave with 143 / 130 even if a native thread torch left
+    # behind would abort the interpreter's teardown, so the entry point skips it with os._exit.
+    import pytest
+
+    from training_wizard import cli
+
+    class Left(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Left(code)
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    for code in (143, 130):
+        monkeypatch.setattr(cli, "main", lambda argv=None, code=code: code)
+        with pytest.raises(Left) as left:
+            cli.run([])
+        assert left.value.args == (code,)
+    for code in (0, 2):  # finished or a user error: the ordinary exit, with its teardown
+        monkeypatch.setattr(cli, "main", lambda argv=None, code=code: code)
+        with pytest.raises(SystemExit) as ended:
+            cli.run([])
+        assert ended.value.code == code
