@@ -190,6 +190,64 @@ def test_eval_metrics_score_each_model_on_its_own_with_intervals(eval_folder, ti
     assert [r["candidate_long"] for r in rows] == [float(len(r["candidate"]) > 12) for r in rows]
 
 
+TRL_METRIC_RECIPE = """\
+output_dir = "{out}"
+seed = 1
+response_length = 6
+temperature = 1.0
+
+[prompts]
+data_files = "{data}"
+
+[candidate]
+pretrained_name = "{model}"
+
+[metrics.forms]
+reward_funcs = ["eval_trl_metric_rewards:token_count"]
+
+[metrics.overlong]
+spec_class = "training_wizard.specs.verifiable.OverlongRewardSpec"
+max_completion_length = 8
+soft_punish_cache = 4
+"""
+
+TRL_METRIC_REWARDS = '''
+SEEN = []
+
+def token_count(prompts, completions, completion_ids, **columns):
+    # written as for TRL's trainer: conversational rows give message lists on both sides
+    SEEN.extend(zip(prompts, [c[0]["content"] for c in completions], completion_ids))
+    return [float(len(ids)) for ids in completion_ids]
+'''
+
+
+def test_eval_metrics_give_trl_functions_what_training_gives_them(eval_folder, tiny_model_dir, capsys):
+    """Conversational prompts as message lists, completions as assistant messages, completion_ids with the stop
+    token: in eval as in training (a reward written for TRL indexes completion[0]["content"])."""
+    import sys
+
+    from transformers import AutoTokenizer
+
+    rows = [{"prompt": [{"role": "user", "content": f"Tell me about {t}."}]} for t in ["owls", "ice", "sand", "oak"]]
+    (eval_folder / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (eval_folder / "eval_trl_metric_rewards.py").write_text(TRL_METRIC_REWARDS)
+    path = eval_folder / "trl.toml"
+    path.write_text(TRL_METRIC_RECIPE.format(out=eval_folder / "eval", data=eval_folder / "chat.jsonl",
+                                             model=tiny_model_dir))
+    assert main(["eval", str(path)]) == 0, capsys.readouterr().err
+    seen = sys.modules["eval_trl_metric_rewards"].SEEN
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert [prompt for prompt, _, _ in seen] == [row["prompt"] for row in rows]
+    for _, text, ids in seen:
+        assert 1 <= len(ids) <= 6 and tokenizer.decode(ids, skip_special_tokens=True) == text
+    lengths = [len(ids) for _, _, ids in seen]
+    summary = json.loads((eval_folder / "eval" / "metrics.json").read_text())
+    assert summary["candidate"]["forms"]["mean"] == pytest.approx(sum(lengths) / 4)
+    penalties = [0.0 if n <= 4 else (4 - n) / 4 for n in lengths]  # DAPO's ramp from 4 to 8 tokens
+    assert any(-1.0 < p < 0.0 for p in penalties), lengths  # on the ramp: the token count decides the value
+    assert summary["candidate"]["overlong"]["mean"] == pytest.approx(sum(penalties) / 4)
+
+
 def test_eval_without_judge_or_metrics_is_one_line(eval_folder, tiny_model_dir, capsys):
     path = eval_folder / "none.toml"
     path.write_text(f'output_dir = "{eval_folder}/e"\n[prompts]\ndata_files = "{eval_folder}/prompts.jsonl"\n'

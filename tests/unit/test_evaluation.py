@@ -131,3 +131,11 @@ def test_mean_score_interval_by_hand():
     assert (share.mean, (share.low, share.high)) == (0.75, wilson(0.75, 4))
     spread = mean_score([1.0, 2.0, 3.0])  # mean 2, sample sd 1: 2 +- 1.96 / sqrt(3)
     assert spread.mean == 2.0 and spread.high - 2.0 == pytest.approx(1.959963984540054 / math.sqrt(3))
+
+
+def test_mean_score_prints_a_share_as_a_percentage_and_a_rating_as_it_is():
+    from training_wizard.evaluation.winrate import mean_score
+
+    assert mean_score([1.0, 0.0, 1.0, 1.0]).describe().startswith("75.0% (95% CI ")
+    rating = mean_score([7.0, 8.0, 7.0, 7.2]).describe()  # a 0-10 judge's ratings, not 730%
+    assert rating == "7.3 (95% CI 6.833 to 7.767; n=4)"  # 7.3 +- 1.96 * 0.4761 / 2

@@ -16,8 +16,10 @@ from training_wizard.specs.remote_reward import RemoteRewardSpec, first_number
 
 class RewardServer:
     """Paths: /score (json: reward = len(completion) + bonus column), /flaky (HTTP 500 on the first request, then
-    as /score), /short (one reward too few), /hang (answers after 1 s), /v1/chat/completions (a chat model whose
-    reply is 'Score: <len(completion)>/10', or 'no idea' when the prompt says 'unsure')."""
+    as /score), /cut (the first reply cut off mid-body, then as /score), /strict (HTTP 400 for a body that is not
+    strict JSON, NaN included; a null bonus counts 0), /short (one reward too few), /hang (answers after 1 s),
+    /v1/chat/completions (a chat model whose reply is 'Score: <len(completion)>/10', or 'no idea' when the prompt
+    says 'unsure')."""
 
     def __init__(self):
         self.requests: list[tuple[str, dict, str | None]] = []
@@ -28,8 +30,19 @@ class RewardServer:
                 pass
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
                 server.requests.append((self.path, body, self.headers.get("Authorization")))
+                if self.path == "/strict" and b"NaN" in raw:
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                if self.path == "/cut" and len(server.requests) == 1:
+                    self.send_response(200)
+                    self.send_header("Content-Length", "100")
+                    self.end_headers()
+                    self.wfile.write(b'{"rew')  # and the connection closes: the client reads too few bytes
+                    return
                 if self.path == "/hang":
                     time.sleep(1.0)
                     return  # the client gave up long ago: writing to its closed socket would only print noise
@@ -43,7 +56,7 @@ class RewardServer:
                     answer = "no idea" if "unsure" in text else f"Score: {len(completion)}/10"
                     reply = {"choices": [{"message": {"role": "assistant", "content": answer}}]}
                 else:
-                    rewards = [len(c) + b for c, b in zip(body["completions"], body["bonus"])]
+                    rewards = [len(c) + (b or 0) for c, b in zip(body["completions"], body["bonus"])]
                     reply = {"rewards": rewards[:-1] if self.path == "/short" else rewards}
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -106,6 +119,17 @@ def test_a_500_is_retried(server):
     assert len(server.requests) == 2
 
 
+def test_a_reply_cut_off_is_retried(server):
+    assert remote(f"{server.url}/cut").score(["p"], ["ab"], {"bonus": [1]})[0] == [3.0]
+    assert len(server.requests) == 2
+
+
+def test_missing_values_travel_as_null(server):
+    """A column with a missing value (NaN once loaded) is sent as strict JSON: null, not NaN."""
+    total, _ = remote(f"{server.url}/strict").score(["p", "q"], ["ab", "c"], {"bonus": [float("nan"), 2.0]})
+    assert total == [2.0, 3.0] and server.requests[0][1]["bonus"] == [None, 2.0]
+
+
 def one_line_error(spec, prompts, completions, columns) -> str:
     with pytest.raises(UserError) as caught:
         spec.score(prompts, completions, columns, step=2)
@@ -145,6 +169,8 @@ def test_configuration_errors():
         RemoteRewardSpec(url="http://x", protocol="openai")
     with pytest.raises(Exception, match="url: expected an http"):
         RemoteRewardSpec(url="localhost:8000")
+    with pytest.raises(Exception, match="url: the port of 'http://x:abc/score' is not a number"):
+        RemoteRewardSpec(url="http://x:abc/score")
     spec = RemoteRewardSpec(url="http://x", api_key_env="TW_TEST_SURELY_UNSET")
     with pytest.raises(UserError, match="environment variable TW_TEST_SURELY_UNSET is not set"):
         spec.score(["p"], ["a"], {})

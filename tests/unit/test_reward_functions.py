@@ -69,6 +69,18 @@ async def slow_two(prompts, completions, **kwargs):
     return [2.0] * len(completions)
 
 
+LOOPS_SEEN: list = []
+
+
+async def keeps_a_client(prompts, completions, **kwargs):
+    """Like a reward holding an httpx.AsyncClient made at its first call: bound to that call's event loop."""
+    loop = asyncio.get_running_loop()
+    if LOOPS_SEEN and (LOOPS_SEEN[0] is not loop or LOOPS_SEEN[0].is_closed()):
+        raise RuntimeError("Event loop is closed")  # what the client raises on a later loop
+    LOOPS_SEEN.append(loop)
+    return [1.0] * len(completions)
+
+
 async def async_raises_on_b(prompts, completions, **kwargs):
     await asyncio.sleep(0)
     return raises_on_b(prompts, completions)
@@ -177,6 +189,15 @@ def test_async_functions_run_concurrently():
     elapsed = time.perf_counter() - started
     assert total == [1 + 2 + 2.0, 1 + 2 + 1.0]
     assert elapsed < 0.5, elapsed  # one after the other would take 0.6 s
+
+
+def test_async_functions_keep_one_event_loop_across_steps():
+    """A client made at the first call still works at the next steps, as in TRL (a loop per call closed it)."""
+    LOOPS_SEEN.clear()
+    spec = funcs("keeps_a_client")
+    for step in range(3):
+        assert spec.score(["p"], ["a"], {}, step=step)[0] == [1.0]
+    assert len(LOOPS_SEEN) == 3
 
 
 def test_async_functions_work_inside_a_running_loop():

@@ -175,3 +175,12 @@ def test_trl_options_table_names_every_field_of_trl_1_16():
     missing = [name for name in TRL_1_16_FIELDS if not any(row.startswith("| ") and f"`{name}`" in
                                                             row.split(" | ")[0] for row in rows)]
     assert missing == []
+
+
+@pytest.mark.parametrize("config_class", [RLOOConfig, GRPOConfig])
+def test_mask_truncated_completions_needs_a_stop_token(config_class):
+    """Without a stop token every completion counts as truncated: all would be masked and nothing trained."""
+    with pytest.raises(ValueError, match="mask_truncated_completions needs a stop token"):
+        config_class(mask_truncated_completions=True, stop_token=None)
+    assert config_class(mask_truncated_completions=True, stop_token=None, stop_token_id=7).stop_token_id == 7
+    assert config_class(stop_token=None).stop_token is None  # without the masking, no stop token is fine

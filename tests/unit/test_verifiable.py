@@ -14,6 +14,7 @@ from training_wizard.specs.verifiable import (
     accuracy_reward,
     get_format_reward,
     get_soft_overlong_punishment,
+    gold_number,
     last_boxed,
     think_format_reward,
     to_number,
@@ -61,8 +62,17 @@ def test_exact_accuracy_and_case_folding():
 def test_accuracy_errors_name_column_and_row():
     with pytest.raises(UserError, match=r"reward.column: the dataset has no column 'answer' \(columns: solution\)"):
         AccuracyRewardSpec().score(["p"], ["1"], {"solution": ["1"]})
-    with pytest.raises(UserError, match=r"reward.column 'answer', row 1: no number in the answer 'n/a'"):
-        AccuracyRewardSpec().score(["p"] * 2, ["1", "2"], {"answer": ["1", "n/a"]}, step=3)
+    for gold in ("n/a", "1/2"):  # a fraction is no number here: not its last digits
+        with pytest.raises(UserError, match=rf"reward.column 'answer', row 1: the answer '{gold}' is not one number"):
+            AccuracyRewardSpec().score(["p"] * 2, ["1", "2"], {"answer": ["1", gold]}, step=3)
+
+
+@pytest.mark.parametrize("gold, expected", [
+    ("1,234", 1234.0), (" $12 ", 12.0), ("-0.5", -0.5), ("\\boxed{7}", 7.0), ("72.", 72.0), (3, 3.0),
+    ("1/2", None), ("\\frac{1}{2}", None), ("3-5", None), ("about 7", None), ("", None),
+])
+def test_gold_number_is_strict(gold, expected):
+    assert gold_number(gold) == expected
 
 
 @requires("math_verify")
@@ -83,6 +93,11 @@ def test_math_verify_missing_is_one_line(monkeypatch):
 def test_accuracy_reward_function_trl_form():
     completions = ["7", [{"role": "assistant", "content": "\\boxed{8}"}], "9"]
     assert accuracy_reward(completions, answer=["7", "9", "no number"], trainer_state=None) == [1.0, 0.0, None]
+    # "1/2" is not one number: the row is skipped, not scored against its last digit (the completion "2")
+    assert accuracy_reward(["2", "0.5"], answer=["1/2", "1/2"]) == [None, None]
+    assert accuracy_reward(["7", "8"], solution=["7", "7"]) == [1.0, 0.0]  # TRL's column name
+    with pytest.raises(UserError, match="accuracy_reward needs the correct answers in a column named 'answer'"):
+        accuracy_reward(["7"], gold=["7"])
 
 
 def test_format_reward_fullmatch_and_search():
@@ -97,8 +112,9 @@ def test_format_reward_fullmatch_and_search():
 
 
 def test_think_format_reward():
-    completions = ["<think>\nhmm\n</think>\nThe answer is 4.", "The answer is 4.", "<think>a<think>b</think> 4"]
-    assert think_format_reward(completions=completions) == [1.0, 0.0, 0.0]
+    completions = ["<think>\nhmm\n</think>\nThe answer is 4.", "The answer is 4.", "<think>a<think>b</think> 4",
+                   "<think>a</think> 4 <think>b</think>", "  <think>a</think> 4", "<think>open 4"]
+    assert think_format_reward(completions=completions) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # as TRL's
 
 
 def test_soft_overlong_penalty_values():
@@ -109,7 +125,7 @@ def test_soft_overlong_penalty_values():
     spec = OverlongRewardSpec(max_completion_length=10, soft_punish_cache=4)
     assert spec.uses_trl_inputs()
     assert spec.score(["p"] * 2, ["a", "b"], {"completion_ids": [[1] * 8, [1] * 2]})[0] == [-0.5, 0.0]
-    with pytest.raises(UserError, match="needs completion_ids, which only the trainer passes"):
+    with pytest.raises(UserError, match="needs completion_ids \\(the trainer and training-wizard eval"):
         spec.score(["p"], ["a"], {})
     with pytest.raises(Exception, match="soft_punish_cache: 5 is more than max_completion_length 4"):
         OverlongRewardSpec(max_completion_length=4, soft_punish_cache=5)

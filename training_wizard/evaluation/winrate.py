@@ -58,15 +58,19 @@ def wilson(proportion: float, n: int, z: float = Z_95) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class MeanScore:
-    """The mean of per-prompt scores and its 95% interval [low, high]."""
+    """The mean of per-prompt scores and its 95% interval [low, high]; `is_share`: every score was 0 or 1, so the
+    mean is a share (printed as a percentage; any other score, a rating or a penalty, is printed as it is)."""
 
     mean: float
     low: float
     high: float
     n: int
+    is_share: bool = False
 
     def describe(self) -> str:
-        return f"{self.mean:.1%} (95% CI {self.low:.1%} to {self.high:.1%}; n={self.n})"
+        if self.is_share:
+            return f"{self.mean:.1%} (95% CI {self.low:.1%} to {self.high:.1%}; n={self.n})"
+        return f"{self.mean:.4g} (95% CI {self.low:.4g} to {self.high:.4g}; n={self.n})"
 
 
 def mean_score(values: list[float]) -> MeanScore:
@@ -78,7 +82,7 @@ def mean_score(values: list[float]) -> MeanScore:
     mean = sum(values) / n
     if all(v in (0.0, 1.0) for v in values):
         low, high = wilson(mean, n)
-        return MeanScore(mean, low, high, n)
+        return MeanScore(mean, low, high, n, is_share=True)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     half = Z_95 * sd / math.sqrt(n)
     return MeanScore(mean, mean - half, mean + half, n)

@@ -9,6 +9,7 @@ rows' own reference completions), judged pairwise; writes the win rate with its 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,28 @@ from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
+
+
+@dataclass
+class Completions:
+    """One side of an evaluation: a model's (or the data's) completion of each prompt row, with what a reward in
+    TRL's form receives in training (the dataset's own prompts, each completion's token ids)."""
+
+    name: str
+    queries: list[str]
+    prompts: list[Any]
+    tokenizer: Any
+    texts: list[str] = field(default_factory=list)
+    has_stop: list[bool] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+
+    def reward_columns(self, columns: dict[str, list[Any]], spec: RewardSpec) -> dict[str, list[Any]]:
+        """The columns `spec.score` gets, as the rollout collector builds them."""
+        extra: dict[str, list[Any]] = {"completion_has_eos": self.has_stop}
+        if spec.uses_trl_inputs():
+            extra["completion_ids"] = self.token_ids
+            extra["dataset_prompts"] = self.prompts or [None] * len(self.texts)
+        return {**columns, **extra}
 
 
 class EvaluateRecipe(Recipe):
@@ -78,25 +101,20 @@ class EvaluateRecipe(Recipe):
         console.print(f"{len(rows)} prompts; {judged}; metrics: {', '.join(self.metrics) or 'none'}")
         if dry_run:
             return
-        queries, candidates, candidate_stops = self._completions(self.candidate, rows)
-        baselines: list[str] | None = None
-        baseline_stops: list[bool] = []
-        names = (self.candidate.pretrained_name, "")
+        candidate = self._completions(self.candidate, rows)
+        queries, candidates = candidate.queries, candidate.texts
+        baseline: Completions | None = None
         if self.baseline is not None:
-            _, baselines, baseline_stops = self._completions(self.baseline, rows)
-            names = (self.candidate.pretrained_name, self.baseline.pretrained_name)
+            baseline = self._completions(self.baseline, rows)
         elif self.reference_column is not None:
-            baselines = [str(row[self.reference_column]) for row in rows]
-            baseline_stops = [True] * len(rows)  # a reference completion is finished
-            names = (self.candidate.pretrained_name, f"column {self.reference_column}")
+            baseline = self._reference_completions(rows, candidate)
+        baselines = baseline.texts if baseline is not None else None
+        names = (self.candidate.pretrained_name, baseline.name if baseline is not None else "")
         columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", self.reference_column)}
         if self.metrics:
-            sides = [(names[0], candidates, candidate_stops)]
-            if baselines is not None:
-                sides.append((names[1], baselines, baseline_stops))
-            self._report_metrics(console, queries, columns, sides)
+            self._report_metrics(console, queries, columns, [side for side in (candidate, baseline) if side])
         if self.judge is not None and baselines is not None:
-            sides = ({"completion_has_eos": candidate_stops}, {"completion_has_eos": baseline_stops})
+            sides = ({"completion_has_eos": candidate.has_stop}, {"completion_has_eos": baseline.has_stop})
             outcomes = self.judge.judge(queries, candidates, baselines, columns, sides)
             result = win_rate(outcomes)
             write_decisions(Path(self.output_dir), queries, candidates, baselines, outcomes, result, names)
@@ -104,7 +122,7 @@ class EvaluateRecipe(Recipe):
             console.print(f"decisions: {Path(self.output_dir) / 'decisions.html'}")
 
     def _report_metrics(self, console: Console, queries: list[str], columns: dict[str, list[Any]],
-                        sides: list[tuple[str, list[str], list[bool]]]) -> None:
+                        sides: list[Completions]) -> None:
         """Score each side's completions with every metric; print and write `metrics.json` (mean and 95% interval
         per side and metric) and `completions.jsonl` (each prompt's completions and their values)."""
         import json
@@ -115,18 +133,18 @@ class EvaluateRecipe(Recipe):
         folder.mkdir(parents=True, exist_ok=True)
         summary: dict[str, dict[str, Any]] = {}
         per_row: list[dict[str, Any]] = [{"prompt": q} for q in queries]
-        for side, (name, completions, stops) in zip(("candidate", "baseline"), sides):
-            summary[side] = {"model": name}
+        for side, completions in zip(("candidate", "baseline"), sides):
+            summary[side] = {"model": completions.name}
             for metric, spec in self.metrics.items():
-                values, _ = spec.score(queries, completions, {**columns, "completion_has_eos": stops},
+                values, _ = spec.score(queries, completions.texts, completions.reward_columns(columns, spec),
                                        label=f"metrics.{metric}")
                 result = mean_score(values)
                 summary[side][metric] = {"mean": result.mean, "ci95_low": result.low, "ci95_high": result.high,
                                          "n": result.n}
-                console.print(f"{side} {name}: {metric} {result.describe()}", soft_wrap=True)
+                console.print(f"{side} {completions.name}: {metric} {result.describe()}", soft_wrap=True)
                 for row, value in zip(per_row, values):
                     row[f"{side}_{metric}"] = value
-            for row, completion in zip(per_row, completions):
+            for row, completion in zip(per_row, completions.texts):
                 row[side] = completion
         (folder / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         with (folder / "completions.jsonl").open("w", encoding="utf-8") as out:
@@ -134,9 +152,8 @@ class EvaluateRecipe(Recipe):
         console.print(f"metrics: {folder / 'metrics.json'}")
 
     @torch.no_grad()
-    def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[str], list[bool]]:
-        """(queries, one completion per row, whether each ended with the stop token) from the model `spec` names,
-        in batches, keyed by row."""
+    def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> Completions:
+        """One completion per row from the model `spec` names, in batches, keyed by row."""
         from training_wizard.rollout.backends import DecodeLoopBackend, sample_completions
         from training_wizard.rollout.generation import GenerationParams
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
@@ -147,13 +164,23 @@ class EvaluateRecipe(Recipe):
         pad, stop = tokenizer.pad_token_id, tokenizer.eos_token_id
         params = GenerationParams(self.response_length, self.temperature, stop, pad)
         backend = DecodeLoopBackend(self.batch_size)
-        completions: list[str] = []
-        stops: list[bool] = []
+        result = Completions(spec.pretrained_name, encoded.queries, encoded.prompts, tokenizer)
         for first in range(0, len(rows), self.batch_size):
             indices = list(range(first, min(first + self.batch_size, len(rows))))
             ids, mask = encoded.left_pad(indices, pad)
             sampled = sample_completions(backend, model, ids, mask, params, [row_seed(self.seed, 0, i) for i in indices])
             kept = torch.where(sampled.mask, sampled.responses, torch.full_like(sampled.responses, pad))
-            completions += tokenizer.batch_decode(kept, skip_special_tokens=True)
-            stops += sampled.has_stop.tolist()
-        return encoded.queries, completions, stops
+            result.texts += tokenizer.batch_decode(kept, skip_special_tokens=True)
+            result.has_stop += sampled.has_stop.tolist()
+            # as the trainer passes them to TRL-form rewards: without padding, with the stop token when sampled
+            result.token_ids += [row[keep].tolist() for row, keep in zip(sampled.responses, sampled.mask)]
+        return result
+
+    def _reference_completions(self, rows: list[dict[str, Any]], candidate: Completions) -> Completions:
+        """The rows' own reference completions as the baseline side; finished, and tokenised with the candidate's
+        tokenizer for rewards that read token ids."""
+        tokenizer = candidate.tokenizer
+        texts = [str(row[self.reference_column]) for row in rows]
+        token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+        return Completions(f"column {self.reference_column}", candidate.queries, candidate.prompts, tokenizer,
+                           texts, [True] * len(rows), token_ids)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from training_wizard.errors import UserError
-from training_wizard.http_client import post_json
+from training_wizard.http_client import check_http_url, post_json
 from training_wizard.specs.reward import RewardSpec
 
 DEFAULT_TEMPLATE = """\
@@ -69,8 +69,10 @@ class RemoteRewardSpec(RewardSpec):
     def _openai_needs_a_model(self) -> RemoteRewardSpec:
         if self.protocol == "openai" and not self.model:
             raise ValueError("model: protocol 'openai' needs the model name to send")
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url: expected an http:// or https:// address, got '{self.url}'")
+        try:
+            check_http_url(self.url)
+        except ValueError as exc:
+            raise ValueError(f"url: {exc}") from None
         return self
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:

@@ -15,7 +15,7 @@ Each function is called by keyword, as TRL's GRPOTrainer calls it:
 A function may return None for a completion it does not score: the weighted sum then leaves it out for that
 completion (TRL's nansum). A completion no function scored is an error naming the row. Each function is logged as
 `rewards/<function name>`: the mean over the completions it scored (None values travel as NaN inside the
-components; the total is always finite). `async def` functions run concurrently on one event loop per scoring call.
+components; the total is always finite). `async def` functions run concurrently, on one event loop that lasts the whole run.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -150,7 +151,7 @@ def start(call: Callable[[list, list, dict], Any], prompts: list, completions: l
 
 
 def run_one(coroutine: Any) -> Any:
-    """The coroutine's result, awaited on its own loop (`run_concurrently`); its exception is raised."""
+    """The coroutine's result, awaited on the reward loop (`run_concurrently`); its exception is raised."""
     outcome = run_concurrently({"": coroutine})[""]
     if isinstance(outcome, Exception):
         raise outcome
@@ -178,29 +179,35 @@ def trl_inputs(
 
 
 def run_concurrently(coroutines: dict[str, Any]) -> dict[str, Any]:
-    """Await the coroutines together on one event loop: {name: result or the exception it raised}; an exception
-    given in place of a coroutine is passed through.
-
-    Runs on a fresh loop in a helper thread when this thread already runs one (a notebook, an async caller), since
-    a running loop cannot be re-entered.
-    """
+    """Await the coroutines together on the process's reward loop: {name: result or the exception it raised}; an
+    exception given in place of a coroutine is passed through."""
     async def settle(item: Any) -> Any:
         return item if isinstance(item, Exception) else await item
 
     async def gather() -> list[Any]:
         return await asyncio.gather(*(settle(item) for item in coroutines.values()), return_exceptions=True)
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        results = asyncio.run(gather())
-    else:
-        box: list[Any] = []
-        worker = threading.Thread(target=lambda: box.append(asyncio.run(gather())))
-        worker.start()
-        worker.join()
-        results = box[0]
+    results = asyncio.run_coroutine_threadsafe(gather(), reward_event_loop()).result()
     return dict(zip(coroutines, results))
+
+
+_reward_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+_reward_loop_lock = threading.Lock()
+
+
+def reward_event_loop() -> asyncio.AbstractEventLoop:
+    """One event loop per process, running in a daemon thread for the whole run, on which every async reward
+    function is awaited (as TRL does). A loop per call would break the common reward that keeps an async HTTP
+    client (httpx, aiohttp, AsyncOpenAI) between calls: the client stays bound to the first, closed loop. Its own
+    thread also serves callers that already run a loop (a notebook), which cannot be re-entered. A forked child
+    starts a loop of its own: the parent's thread does not exist there."""
+    global _reward_loop
+    with _reward_loop_lock:
+        if _reward_loop is None or _reward_loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="reward-functions", daemon=True).start()
+            _reward_loop = (os.getpid(), loop)
+        return _reward_loop[1]
 
 
 def check_allowing_none(values: Any, expected: int, label: str, step: int) -> list[float]:

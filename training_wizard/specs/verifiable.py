@@ -3,8 +3,10 @@
 
 Functions (name them in `reward_funcs` as 'training_wizard.specs.verifiable:<name>'):
 - `accuracy_reward(completions, answer, **kwargs)`: 1.0 when the completion's final answer equals the `answer`
-  column numerically, else 0.0; None where the gold answer holds no number (the function then skips that row).
-- `think_format_reward(completions, **kwargs)`: 1.0 for '<think>...</think>' followed by the answer, else 0.0.
+  column (or TRL's `solution`) numerically, else 0.0; None where the gold answer is not one number (the function
+  then skips that row; symbolic answers such as fractions need `AccuracyRewardSpec` with mode "math_verify").
+- `think_format_reward(completions, **kwargs)`: 1.0 when the completion starts with '<think>', holds no second
+  '<think>' and closes the block with '</think>' (the answer may follow), else 0.0; as TRL's function.
 - `get_format_reward(pattern, search=False)` and `get_soft_overlong_punishment(max_completion_len,
   soft_punish_cache)`: factories of such functions for a module of your own, as in TRL.
 
@@ -26,7 +28,7 @@ from training_wizard.specs.reward import RewardSpec
 from training_wizard.specs.text_metrics import valid_regex
 
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
-_THINK = r"<think>(?:(?!<think>).)*?</think>.*"
+_THINK = re.compile(r"<think>(?!.*<think>).*?</think>.*", re.DOTALL)
 
 
 def completion_text(completion: Any) -> str:
@@ -64,6 +66,19 @@ def to_number(value: Any) -> float | None:
     return float(found[-1].replace(",", ""))
 
 
+def gold_number(value: Any) -> float | None:
+    """The gold answer as a number when it is exactly one (a number, or a text such as "1,234", "$12", "-0.5" or
+    "\\boxed{7}"), else None: "1/2" or "3-5" is no number here, rather than its last digits."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    boxed = last_boxed(text)
+    text = (boxed if boxed is not None else text).strip().strip("$").strip().rstrip(".")
+    if _NUMBER.fullmatch(text) is None:
+        return None
+    return float(text.replace(",", ""))
+
+
 def numbers_equal(predicted: float | None, gold: float, tolerance: float) -> bool:
     """Equal within `tolerance` relative to the gold answer's size (absolute below 1)."""
     return predicted is not None and abs(predicted - gold) <= tolerance * max(1.0, abs(gold))
@@ -75,12 +90,17 @@ def final_text(text: str) -> str:
     return (boxed if boxed is not None else text).strip()
 
 
-def accuracy_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float | None]:
-    """TRL form: 1.0 when the final answer equals `answer` numerically (relative tolerance 1e-6), 0.0 when not,
-    None where the gold answer holds no number."""
+def accuracy_reward(completions: list[Any], answer: list[Any] | None = None, solution: list[Any] | None = None,
+                    **kwargs: Any) -> list[float | None]:
+    """TRL form: 1.0 when the final answer equals the gold answer numerically (relative tolerance 1e-6), 0.0 when
+    not, None where the gold answer is not one number. The gold is the `answer` column, or `solution` (the column
+    TRL's accuracy_reward reads)."""
+    golds = answer if answer is not None else solution
+    if golds is None:
+        raise UserError("accuracy_reward needs the correct answers in a column named 'answer' (or 'solution')")
     out: list[float | None] = []
-    for completion, gold in zip(completions, answer):
-        target = to_number(gold)
+    for completion, gold in zip(completions, golds):
+        target = gold_number(gold)
         out.append(None if target is None else
                    float(numbers_equal(to_number(completion_text(completion)), target, 1e-6)))
     return out
@@ -98,9 +118,10 @@ def get_format_reward(pattern: str, search: bool = False) -> Callable[..., list[
     return format_reward
 
 
-think_format_reward = get_format_reward(_THINK)
-think_format_reward.__name__ = "think_format_reward"
-think_format_reward.__doc__ = "1.0 for one '<think>...</think>' block at the start followed by the answer, else 0.0."
+def think_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the completion, unstripped, opens with '<think>', holds no second '<think>' and closes the block
+    (anything may follow), else 0.0: TRL's check for reasoning models."""
+    return [float(_THINK.fullmatch(completion_text(c)) is not None) for c in completions]
 
 
 def soft_overlong_penalty(length: int, max_completion_len: int, soft_punish_cache: int) -> float:
@@ -122,7 +143,7 @@ def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int
 
     def soft_overlong_punishment(completion_ids: list[list[int]] | None = None, **kwargs: Any) -> list[float]:
         if completion_ids is None:
-            raise UserError("soft_overlong_punishment needs completion_ids, which only the trainer passes")
+            raise UserError("soft_overlong_punishment needs completion_ids (the trainer and training-wizard eval pass them)")
         return [soft_overlong_penalty(len(ids), max_completion_len, soft_punish_cache) for ids in completion_ids]
 
     return soft_overlong_punishment
@@ -158,10 +179,10 @@ class AccuracyRewardSpec(RewardSpec):
             return [float(fold(final_text(c)) == fold(str(g).strip())) for c, g in zip(completions, golds)]
         out = []
         for row, (completion, gold) in enumerate(zip(completions, golds)):
-            target = to_number(gold)
+            target = gold_number(gold)
             if target is None:
-                raise UserError(f"reward.column '{self.column}', row {row}: no number in the answer {gold!r} "
-                                "(mode 'numeric')")
+                raise UserError(f"reward.column '{self.column}', row {row}: the answer {gold!r} is not one number "
+                                "(mode 'numeric'; use mode 'math_verify' for symbolic answers, 'exact' for text)")
             out.append(float(numbers_equal(to_number(completion), target, self.tolerance)))
         return out
 

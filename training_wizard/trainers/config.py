@@ -230,6 +230,15 @@ class OnPolicyConfig(RunConfig):
                                        "generation_batch_size": None})
 
     @model_validator(mode="after")
+    def _truncation_needs_a_stop_token(self) -> OnPolicyConfig:
+        """Without a stop token no completion is known to have ended, so every one would be masked: no loss at all."""
+        masks = getattr(self, "mask_truncated_completions", False)  # RLOO's and GRPO's option
+        if masks and self.stop_token is None and self.stop_token_id is None:
+            raise ValueError("mask_truncated_completions needs a stop token (stop_token = \"eos\" or stop_token_id): "
+                             "without one every completion counts as truncated and nothing is trained")
+        return self
+
+    @model_validator(mode="after")
     def _vllm_settings_agree(self) -> OnPolicyConfig:
         if self.use_vllm and self.logprobs_from_sampling is True:
             raise ValueError("use_vllm: the rollout's logprobs must come from the training forward pass under vLLM; "
