@@ -188,6 +188,11 @@ def test_loss_variants_train_with_finite_metrics(tokenizer, tmp_path, options):
     if options.get("importance_sampling_level") == "sequence":
         # the second pass sees moved weights; GSPO's tiny epsilon clips whole sequences
         assert read_metrics(tmp_path)[-1]["clip_ratio/region_mean"] > 0.0
+    records = read_metrics(tmp_path)
+    if options.get("loss_type") == "cispo":  # TRL's name for the capped share, beside ours
+        assert all(r["cispo_clip_ratio"] == r["clip_ratio/high_mean"] for r in records)
+    else:
+        assert not any("cispo_clip_ratio" in r for r in records)
 
 
 def test_config_reads_trl_names_and_checks_them():

@@ -59,8 +59,11 @@ def importance_log_weights(
     "sequence" (GSPO): the sequence's mean per-token log-ratio s_i = (1/|y_i|) sum_t (log pi - log pi_old), written
     per token as sg[s_i] + log pi(y_t) - sg[log pi(y_t)] (the GSPO paper's GSPO-token form, sg = stop gradient):
     every token of a sequence carries the value s_i, and the gradient of exp(.) at token t is exp(s_i) grad log
-    pi(y_t). With one advantage per sequence this is GSPO's gradient under every loss aggregation here (TRL's
-    (B, 1) sequence weight broadcast over the tokens gives the same numbers).
+    pi(y_t). With one advantage per sequence and the same token weight on every token of it, this is GSPO's
+    gradient under every loss aggregation here (TRL's (B, 1) sequence weight broadcast over the tokens gives the
+    same numbers). With weights that differ within a sequence (top_entropy_quantile, a token-level vLLM
+    correction), each token's gradient here takes its own weight, as GSPO-token defines it; TRL's (B, 1) ratio
+    spreads the weighted sum over all the sequence's tokens instead.
     """
     log_ratio = logprobs - old_logprobs
     if level == "token":

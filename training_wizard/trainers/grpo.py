@@ -8,7 +8,7 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   counts of each optimizer step are taken before its first micro-batch (`step_token_counts`), so gradient
   accumulation and several processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones (`reward`, `reward_std`, `frac_reward_zero_std`,
-  `completions/clipped_ratio`, `clip_ratio/*`, `entropy`, `kl`, `rewards/<name>/mean` and `/std`).
+  `completions/clipped_ratio`, `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy`, `kl`, `rewards/<name>/mean` and `/std`).
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ class GRPOTrainer(OnPolicyTrainer):
             "clip_ratio/region_mean": step_mean(clipped, mask),
             "entropy": step_mean(token.entropy, mask),
         }
+        if config.loss_type == "cispo":  # TRL's name for it under cispo: tokens whose weight hit the cap, A > 0
+            stats["cispo_clip_ratio"] = stats["clip_ratio/high_mean"]
         if config.kl_coef != 0.0:
             stats["kl"] = step_mean(out.kl, mask)
         return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
