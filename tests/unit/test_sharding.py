@@ -74,23 +74,3 @@ def test_a_sharded_checkpoint_is_refused_by_an_unsharded_run(tmp_path):
                                         r"this run is not sharded; resume with the accelerate config that wrote it$"):
         load_checkpoint(trainer, folder)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.unwrapped_policy.parameters()))
-
-
-@pytest.mark.parametrize("zero, prefetch", [
-    ({"stage": 3}, 0),  # accelerate's ZeRO-3 config: prefetch off on DeepSpeed's CPU accelerator
-    ({"stage": 3, "stage3_prefetch_bucket_size": 1000}, 1000),  # a value the user set is kept
-    ({"stage": 2}, None),  # ZeRO-2 has no parameter prefetch
-])
-def test_zero3_on_deepspeeds_cpu_accelerator_gathers_without_prefetch(monkeypatch, zero, prefetch):
-    """DeepSpeed's CPU accelerator skips the waits that order ZeRO-3's asynchronous prefetch before use; a
-    2-process CPU run once sampled from half-gathered weights (test_sharded.py's ZeRO-3 comparison)."""
-    pytest.importorskip("deepspeed")
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    from training_wizard.trainers.setup import configure_deepspeed
-
-    plugin = SimpleNamespace(deepspeed_config={"zero_optimization": dict(zero)})
-    accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin))
-    configure_deepspeed(accelerator, RLOOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2))
-    written = plugin.deepspeed_config
-    assert written["zero_optimization"].get("stage3_prefetch_bucket_size") == prefetch
-    assert (written["train_micro_batch_size_per_gpu"], written["gradient_accumulation_steps"]) == (4, 2)

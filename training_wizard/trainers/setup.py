@@ -160,20 +160,6 @@ def configure_deepspeed(accelerator: Accelerator, config: RunConfig) -> None:
     ds_config["gradient_accumulation_steps"] = config.gradient_accumulation_steps
     if config.max_grad_norm is not None:
         ds_config["gradient_clipping"] = config.max_grad_norm
-    zero = ds_config.get("zero_optimization", {})
-    if zero.get("stage") == 3 and "stage3_prefetch_bucket_size" not in zero and _deepspeed_device_is_synchronized():
-        # DeepSpeed's CPU accelerator calls itself a synchronized device, so ZeRO-3 skips the stream waits that
-        # order its asynchronous prefetch all-gathers before use on a GPU, while gloo runs them in a thread of its
-        # own. A 2-process CPU run once sampled from half-gathered weights at its third rollout (completions that
-        # differed from every other run of the same seed); without prefetch each gather is waited for where it
-        # is needed.
-        zero["stage3_prefetch_bucket_size"] = 0
-
-
-def _deepspeed_device_is_synchronized() -> bool:
-    from deepspeed.accelerator import get_accelerator
-
-    return bool(get_accelerator().is_synchronized_device())
 
 
 def as_reward(reward_model) -> torch.nn.Module | RewardSpec:
