@@ -10,7 +10,8 @@ sizes, sha256, step, episode, config hash, library versions, world size).
 
 Commit order (RELIABILITY.md): refuse non-finite weights -> write every file into `.staging-step-N` -> manifest ->
 fsync files and folder -> rename to `step-N` -> fsync the parent -> rewrite `latest` (temp file + rename) ->
-prune older checkpoints beyond `save_total_limit`. A crash at any point leaves the previous checkpoint and
+prune older checkpoints beyond `save_total_limit`. Resuming (run_start.py) reads the manifest's `identity` and
+`training` settings first. A crash at any point leaves the previous checkpoint and
 `latest` intact; a failed write (disk full) removes the staging folder and stops with a one-line UserError.
 """
 
@@ -28,8 +29,10 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.guards import first_nonfinite_parameter
+from training_wizard.run_folder import identity_difference, run_identity
 from training_wizard.sharding import SHARDED_STATE, deepspeed_lookup_skipped, engine_kind, unwrap_model
 from training_wizard.signals import fault_point
+from training_wizard.spec import redact_secrets
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -227,6 +230,8 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
         "format": FORMAT_VERSION,
         "episode": int(run_state["episode"]),
         "config_sha256": config_hash(trainer.config),
+        "identity": run_identity(trainer),  # what made it: resuming from it with another trainer or model is refused
+        "training": redact_secrets(trainer.config.model_dump(mode="json")),  # for the note of changed settings
         "world_size": accelerator.num_processes,
         "versions": library_versions(),
     })
@@ -357,6 +362,7 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     manifest (for notes on a changed config or world size)."""
     folder = Path(folder)
     accelerator = trainer.accelerator
+    check_identity(folder, run_identity(trainer))
     sharded = (folder / SHARDED_STATE).is_dir()
     if sharded != bool(engine_kind(accelerator)):
         written = "under DeepSpeed or FSDP" if sharded else "without DeepSpeed or FSDP"
@@ -376,7 +382,18 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     trainer.state.load_state_dict(state["trainer"])
     trainer.accelerator.step = int(state.get("accelerator_step", 0))
     trainer.last_saved_step = trainer.state.iteration
+    trainer.output_dir_taken = True  # resumed: this run continues in output_dir (train() takes it no more)
     return read_manifest(folder)
+
+
+def check_identity(folder: Path, identity: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded or written, a checkpoint that another trainer or model wrote (its manifest
+    records what made it: run_folder.run_identity). Checkpoints from before that record pass."""
+    recorded = read_manifest(folder).get("identity")
+    problem = identity_difference(recorded, identity) if recorded else None
+    if problem:
+        raise UserError(f"resume_from_checkpoint: {folder} was not written by this run ({problem}); resume with "
+                        "the recipe and model that wrote it, or choose another output_dir")
 
 
 def _load_weights(model: torch.nn.Module, folder: Path) -> None:
@@ -400,79 +417,3 @@ def _load_weights(model: torch.nn.Module, folder: Path) -> None:
         problem = (f"unexpected weight {unexpected[0]}" if unexpected
                    else f"missing weight {untied[0]}" if untied else "no weights found")
         raise UserError(f"resume_from_checkpoint: {folder} does not match the model ({problem})")
-
-
-def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:
-    """On resume, drop metrics.jsonl and samples.jsonl records written after the checkpoint (iterations that will
-    be redone) and any line cut short by a crash, so no iteration is ever logged twice. Rewritten atomically.
-
-    metrics.jsonl records are kept while `episode` <= the checkpoint's episode; samples.jsonl rows while
-    `step` <= its iteration. Returns how many lines each file lost.
-    """
-    dropped = {}
-    for name, key, limit in (("metrics.jsonl", "episode", episode), ("samples.jsonl", "step", iteration)):
-        path = Path(output_dir) / name
-        if not path.is_file():
-            continue
-        kept, lost = [], 0
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-                keep = isinstance(record, dict) and int(record.get(key, 0)) <= limit
-            except (ValueError, TypeError):
-                keep = False  # a torn last line
-            if keep:
-                kept.append(line)
-            elif line.strip():
-                lost += 1
-        if lost:
-            tmp = path.with_name(f".{name}.tmp")
-            tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, path)
-        dropped[name] = lost
-    return dropped
-
-
-def remove_stale_staging(output_dir: str | Path) -> None:
-    """Staging folders a crash left behind are never resumed from; remove them (main process, on resume)."""
-    root = checkpoints_dir(output_dir)
-    for pattern in (".staging-step-*", ".replaced-step-*"):
-        for folder in root.glob(pattern):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def resume(trainer: Checkpointable, which: str, say: Callable[[str], None]) -> None:
-    """`resume_from_checkpoint`: the main process picks the checkpoint (verifying hashes once) and every process
-    loads that one from the shared output_dir; metrics.jsonl and samples.jsonl lose the records of iterations
-    that will be redone, so every iteration is logged exactly once. `say` prints a line on the main process."""
-    accelerator, collectives = trainer.accelerator, trainer.collectives
-    output_dir = trainer.config.output_dir
-    found = collectives.decide_on_main(lambda: _as_text(find_checkpoint(output_dir, which)))
-    if found is None:
-        say("resume_from_checkpoint = latest: no checkpoint yet, starting fresh")
-        if collectives.is_main:
-            truncate_run_logs(output_dir, 0, 0)
-        collectives.barrier()
-        return
-    folder = Path(found)
-    if not (folder / MANIFEST).is_file():
-        raise UserError(f"resume_from_checkpoint: {folder} is not visible from every process (output_dir must be shared)")
-    written_by = read_manifest(folder).get("world_size")
-    if engine_kind(accelerator) == "deepspeed" and written_by not in (None, collectives.world_size):
-        raise UserError(f"resume_from_checkpoint: {folder} holds DeepSpeed shards of {written_by} process(es) and "
-                        f"this run has {collectives.world_size}; resume with {written_by}")
-    manifest = load_checkpoint(trainer, folder)
-    if collectives.is_main:
-        remove_stale_staging(output_dir)
-        truncate_run_logs(output_dir, trainer.state.iteration, trainer.state.episode)
-    collectives.barrier()
-    say(f"resumed from {folder} (iteration {trainer.state.iteration}, episode {trainer.state.episode})")
-    if manifest.get("config_sha256") not in (None, config_hash(trainer.config)):
-        say("note: the [training] settings differ from the checkpoint's; continuing with the new ones")
-    if manifest.get("world_size") not in (None, collectives.world_size):
-        say(f"note: the checkpoint was written by {manifest['world_size']} process(es), "
-            f"this run has {collectives.world_size}")
-
-
-def _as_text(folder: Path | None) -> str | None:
-    return str(folder) if folder is not None else None  # plain data travels between processes

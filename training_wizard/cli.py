@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
         print(f"training-wizard: {stop}", file=sys.stderr)
         return stop.exit_code
+    except KeyboardInterrupt:
+        # A second Ctrl-C (the first only asks for a stop at the next safe point): leave now, without a traceback.
+        # Checkpoints are committed by a rename, so the newest committed one is whole.
+        print("training-wizard: stopped by a second SIGINT (Ctrl-C) before a checkpoint of this point was "
+              "committed; run again with resume_from_checkpoint=latest to continue from the newest one",
+              file=sys.stderr)
+        return 128 + signal.SIGINT
     return 0
 
 

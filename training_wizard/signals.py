@@ -18,6 +18,7 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # or `nan` (the point's value becomes non-finite).
 FAULT_ENV = "TRAINING_WIZARD_FAULT_INJECT"
 _fired: set[str] = set()  # each injected fault acts once per process
+_active: list[StopRequest] = []  # the StopRequest of the running train(), for code waiting on user code
 
 
 def exit_code_for(signum: int) -> int:
@@ -49,6 +50,7 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread():  # signal.signal only works there
             for signum in HANDLED_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+        _active.append(self)
         return self
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
@@ -64,10 +66,17 @@ class StopRequest:
 
     def __exit__(self, *exc) -> None:
         self._restore()
+        if self in _active:
+            _active.remove(self)
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+
+def stop_requested() -> bool:
+    """Whether the running train() got a stop signal: code that waits on user code (timeouts.py) looks here."""
+    return any(request.requested for request in _active)
 
 
 def fault_point(name: str, step: int) -> bool:

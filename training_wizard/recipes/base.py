@@ -12,7 +12,9 @@ from pydantic import Field, model_validator
 from training_wizard.errors import UserError
 from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
 from training_wizard.spec import Spec, add_import_roots, import_spec_class, load_spec, read_recipe_file
-from training_wizard.trainers.config import DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE
+from training_wizard.trainers.run_config import (
+    DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, OVERWRITE_OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE,
+)
 
 RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
@@ -31,27 +33,30 @@ class Recipe(Spec):
     output_dir: str = Field(description=OUTPUT_DIR_DESCRIPTION)
     seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
     resume_from_checkpoint: str | None = Field(
-        None, description='"latest" (start fresh if there is none yet) or a checkpoint folder to resume from.'
+        None, description='"latest" (start fresh if there is none yet) or a checkpoint folder to resume from. The '
+        "checkpoint must have been written by the same recipe class and model (checked before anything is written)."
     )
+    overwrite_output_dir: bool = Field(False, description=OVERWRITE_OUTPUT_DIR_DESCRIPTION)
 
     @model_validator(mode="after")
     def _run_keys_at_the_top_level(self):
         training = getattr(self, "training", None)
-        for key in ("output_dir", "seed"):
+        for key in ("output_dir", "seed", "overwrite_output_dir"):
             if training is not None and key in training.model_fields_set:
                 raise ValueError(f"set {key} at the top level of the recipe, not in [training]")
         return self
 
     def training_config(self):
         """The [training] table with the run's output_dir and seed (set at the top level) filled in."""
-        return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed})
+        return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed,
+                                                "overwrite_output_dir": self.overwrite_output_dir})
 
     def main(self, dry_run: bool = False) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     # ------------------------------------------------------------------------ the run lifecycle, written once
     # A training recipe's main(): open_run -> (load, plan; stop on --dry-run) -> prepare_output -> build the
-    # trainer -> train_and_save. Used by the on-policy recipes (recipes/on_policy.py) and the supervised ones
+    # trainer -> train_and_save (start: take output_dir or resume, write resolved_config.toml; train; save). Used by the on-policy recipes (recipes/on_policy.py) and the supervised ones
     # (recipes/sft.py, recipes/reward_model.py).
 
     def open_run(self, gradient_accumulation_steps: int):
@@ -71,20 +76,28 @@ class Recipe(Spec):
         return accelerator, Console(quiet=not accelerator.is_main_process)
 
     def prepare_output(self, accelerator) -> None:
-        """Check output_dir is writable and write resolved_config.toml (main process)."""
+        """Check output_dir is writable (main process), before any model loads: nothing is written there yet."""
         if accelerator.is_main_process:
             check_writable(self.output_dir)
+
+    def start(self, trainer, console) -> None:
+        """Take output_dir (run_start.py): resume from the checkpoint, or as a new run refuse another run's files
+        (or delete them, with overwrite_output_dir); only then write resolved_config.toml."""
+        from training_wizard.run_start import start_run
+
+        def say(line: str) -> None:  # plain text: "[training]" in a note is not rich markup
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+        start_run(trainer, self.resume_from_checkpoint, self.overwrite_output_dir, say)
+        if trainer.accelerator.is_main_process:
             self.write_resolved_config()
 
     def train_and_save(self, trainer, console, merge_lora: bool = False) -> None:
-        """Resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit code), save the
-        final model into output_dir/model, write the plots and report."""
+        """Take output_dir and resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit
+        code), save the final model into output_dir/model, write the plots and report."""
         from training_wizard.recipes.on_policy import save_final_model
 
-        if self.resume_from_checkpoint:
-            from training_wizard.checkpoint import resume
-
-            resume(trainer, self.resume_from_checkpoint, console.print)
+        self.start(trainer, console)
         trainer.train()
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=merge_lora)
         console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
@@ -102,7 +115,7 @@ class Recipe(Spec):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = redact_secrets(self.to_dict())
         data["recipe_class"] = data.pop("spec_class")
-        for key in ("output_dir", "seed"):  # top-level keys; [training] must not repeat them
+        for key in ("output_dir", "seed", "overwrite_output_dir"):  # top-level keys; [training] must not repeat them
             if isinstance(data.get("training"), dict):
                 data["training"].pop(key, None)
         path.write_text(dump_toml(data), encoding="utf-8")

@@ -1,8 +1,8 @@
 """What every on-policy recipe (RLOO, PPO) shares: the model, data and reward keys, and the run lifecycle.
 
 `OnPolicyRecipe.main` is the lifecycle, written once: build everything from the specs, print the batch plan (and
-stop there on --dry-run), check output_dir, write the resolved config, resume if asked, train, save the final
-model. A stop signal leaves `train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe
+stop there on --dry-run), check output_dir is writable, build the trainer, take output_dir (resume if asked, or
+refuse another run's files), write the resolved config, train, save the final model. A stop signal leaves `train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe
 subclass names its `[training]` config class and builds its trainer (`build_trainer`).
 """
 
@@ -70,10 +70,7 @@ class OnPolicyRecipe(Recipe):
         self.prepare_output(accelerator)
         trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
         warn_long_prompts(trainer, console)
-        if self.resume_from_checkpoint:
-            from training_wizard.checkpoint import resume
-
-            resume(trainer, self.resume_from_checkpoint, console.print)
+        self.start(trainer, console)
         trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         if accelerator.is_main_process:

@@ -20,6 +20,7 @@ import torch
 
 from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
+from training_wizard.timeouts import StoppedWhileWaiting, call_with_timeout
 from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts
@@ -49,6 +50,7 @@ class SamplingSettings:
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
+    reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,9 @@ class RolloutCollector:
         self.backend = backend if backend is not None else DecodeLoopBackend(settings.forward_batch_size)
 
     def collect(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int) -> Rollout:
-        """A complete Rollout for dataset rows `rows` (with their sampling seeds) at iteration `step`."""
+        """A complete Rollout for dataset rows `rows` (with their sampling seeds) at `step`, numbered as metrics and
+        checkpoints are (a training rollout of iteration i is step i + 1; evaluation after step N is step N): reward
+        messages name it. A stop signal while the reward runs raises `StoppedWhileWaiting` on every process."""
         settings, pad = self.settings, self.settings.pad_token_id
         started = time.perf_counter()
         prompt_ids, prompt_mask = (t.to(self.accelerator.device) for t in prompts.left_pad(rows, pad))
@@ -203,11 +207,18 @@ class RolloutCollector:
             if self.reward.uses_trl_inputs():
                 columns["completion_ids"] = [ids[keep].tolist() for ids, keep in zip(responses, mask)]
                 columns["dataset_prompts"] = [prompts.prompts[i] if prompts.prompts else None for i in rows]
-            error, totals = None, []
+            error, stopped, totals = None, False, []
             try:
-                totals, components = self.reward.score(queries, completions, columns, step=step)
+                totals, components = call_with_timeout(
+                    lambda: self.reward.score(queries, completions, columns, step=step),
+                    self.settings.reward_timeout, f"reward {type(self.reward).__name__}", step,
+                    "training.reward_timeout")
             except UserError as exc:
                 error = str(exc)
+            except StoppedWhileWaiting:
+                stopped = True
+            if self.collectives.any_process(stopped):  # every process stops together, none left in a collective
+                raise StoppedWhileWaiting()
             self.collectives.raise_if_any_failed(error)
             scores = torch.tensor(totals, dtype=torch.float32, device=responses.device)
         if self.settings.score_without_stop is not None:

@@ -31,13 +31,15 @@ from typing import Any, Callable, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from training_wizard.errors import UserError
+from training_wizard.timeouts import note_doing, on_abandon
 from training_wizard.specs.reward import RewardError, RewardSpec, check_rewards, guarded_call, resolve_function
 
 
 @dataclass(frozen=True)
 class RewardTrainerState:
     """What a reward function sees as `trainer_state`. `global_step`: the iterations completed before this rollout
-    (0 at the first), which is the metrics' step minus one. TRL passes its `TrainerState`, whose `global_step`
+    (0 at the first), which is the step of the rollout (as metrics and checkpoints count) minus one; evaluation
+    and the sample probes after step N see N - 1. TRL passes its `TrainerState`, whose `global_step`
     counts the optimizer steps completed; ours counts iterations (each one rollout and its update)."""
 
     global_step: int
@@ -111,7 +113,7 @@ class RewardFunctionsSpec(RewardSpec):
         """(weighted totals, {function name: values with NaN where it returned None})."""
         functions = self.functions()
         trl_prompts, trl_completions, rest = trl_inputs(prompts, completions, columns)
-        state = RewardTrainerState(global_step=step)
+        state = RewardTrainerState(global_step=max(step - 1, 0))
         labels = {name: f"{label}, function '{name}'" if label else f"function '{name}'" for name in functions}
 
         def call(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
@@ -126,6 +128,7 @@ class RewardFunctionsSpec(RewardSpec):
             if inspect.iscoroutinefunction(fn):
                 pending[name] = fn
             else:
+                note_doing(f"reward {labels[name]}")  # named if it never returns (timeouts.py)
                 raw[name] = guarded_call(call(fn), trl_prompts, trl_completions, rest, labels[name], step)
         if pending:
             outcomes = run_concurrently({name: start(call(fn), trl_prompts, trl_completions, rest)
@@ -181,13 +184,27 @@ def trl_inputs(
 def run_concurrently(coroutines: dict[str, Any]) -> dict[str, Any]:
     """Await the coroutines together on the process's reward loop: {name: result or the exception it raised}; an
     exception given in place of a coroutine is passed through."""
-    async def settle(item: Any) -> Any:
-        return item if isinstance(item, Exception) else await item
+    waiting_thread, pending = threading.get_ident(), set(coroutines)
+
+    def note_pending() -> None:  # for the timeout message (timeouts.py): the functions still running
+        names = ", ".join(f"'{name}'" for name in coroutines if name in pending)
+        note_doing(f"async reward function(s) {names}" if names else "async reward functions", waiting_thread)
+
+    async def settle(name: str, item: Any) -> Any:
+        try:
+            return item if isinstance(item, Exception) else await item
+        finally:
+            pending.discard(name)
+            note_pending()
 
     async def gather() -> list[Any]:
-        return await asyncio.gather(*(settle(item) for item in coroutines.values()), return_exceptions=True)
+        return await asyncio.gather(*(settle(name, item) for name, item in coroutines.items()),
+                                    return_exceptions=True)
 
-    results = asyncio.run_coroutine_threadsafe(gather(), reward_event_loop()).result()
+    note_pending()
+    future = asyncio.run_coroutine_threadsafe(gather(), reward_event_loop())
+    on_abandon(future.cancel)  # a timeout or a stop signal cancels the coroutines, which may hold connections
+    results = future.result()
     return dict(zip(coroutines, results))
 
 

@@ -37,7 +37,9 @@ from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_see
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import unwrap_model
+from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
+from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
@@ -157,6 +159,7 @@ class OnPolicyTrainer(UpdateLoop):
             logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
             reference_logprobs=config.uses_reference, filters=config.sampling_filters(),
+            reward_timeout=config.reward_timeout,
         )
 
     def _stop_token_id(self) -> int | None:
@@ -220,9 +223,11 @@ class OnPolicyTrainer(UpdateLoop):
         return token, old
 
     # ---------------------------------------------------------------------------------------------- loop
-    def train(self) -> None:
-        """Run the remaining iterations. On SIGTERM/SIGINT: checkpoint at the next safe point, then raise
+    def train(self, resume_from_checkpoint: str | None = None) -> None:
+        """Run the remaining iterations (first resuming from `resume_from_checkpoint`, "latest" or a folder, when
+        given). On SIGTERM/SIGINT: checkpoint at the next safe point, then raise
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
+        take_output_dir(self, resume_from_checkpoint)  # from Python; a recipe has taken it already
         plan = self.plan
         # the episodes the run will make: whole iterations, so total_episodes rounded up to a batch
         progress = ProgressDisplay(plan.num_iterations * plan.batch_size, enabled=self.is_main,
@@ -240,7 +245,10 @@ class OnPolicyTrainer(UpdateLoop):
         self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
-        rollout = self.collect_rollout()
+        try:
+            rollout = self.collect_rollout()
+        except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
+            self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
         shaped = self.shape_rewards(rollout)
         skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
@@ -250,13 +258,16 @@ class OnPolicyTrainer(UpdateLoop):
         self.generation.weights_changed()  # the one point where the sampled-from weights go stale (vLLM: pushed)
         update_seconds = time.perf_counter() - update_started
         # 8. counters, logs, samples, evaluation, checkpoint
-        self._record_iteration(rollout, shaped, update_stats, update_seconds, progress)
+        try:
+            self._record_iteration(rollout, shaped, update_stats, update_seconds, progress)
+        except StoppedWhileWaiting:  # in the sample probes' or evaluation's reward: the iteration is counted
+            self._stop(stop)
         self._safe_point_after_iteration(stop)
 
     def collect_rollout(self) -> Rollout:
         """Steps 1-5: the next prompts of the shared order, sampled and scored."""
         prompts = self._next_prompts()
-        rollout = self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration)
+        rollout = self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration + 1)
         fault_point("generation", self.state.iteration)
         return rollout
 

@@ -107,6 +107,11 @@ class OnPolicyConfig(RunConfig):
     missing_eos_penalty: float | None = Field(
         None, description="Subtracted from the score of completions that end without the stop token (EOS trick)."
     )
+    reward_timeout: PositiveFloat = Field(
+        600.0, description="Seconds a reward (a reward function, a remote reward, any reward spec) may take to score "
+        "one batch; past it the run stops with one line naming it and the step, the last checkpoint kept. A stop "
+        "signal while it runs ends the run within a second (exit 143/130, checkpoint of the iteration's start).",
+    )
     # -- regularisation ------------------------------------------------------------------------------------------
     kl_coef: NonNegativeFloat = Field(
         0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=_alias("kl_coef", "beta")

@@ -20,6 +20,10 @@ def _alias(*names: str) -> AliasChoices:
 # these descriptions), and its [training] table refuses them.
 OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final model."
 SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
+OVERWRITE_OUTPUT_DIR_DESCRIPTION = (
+    "A new run into an output_dir that holds another run's files (metrics, checkpoints, model, ...) deletes those "
+    "files first; without it the run stops with one line. Files a run does not write are never touched."
+)
 DEFAULT_SEED = 42
 SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
 
@@ -34,6 +38,7 @@ class RunConfig(Spec):
     # -- run ---------------------------------------------------------------------------------------------------
     output_dir: str = Field("runs/training-wizard", description=OUTPUT_DIR_DESCRIPTION)
     seed: int = Field(DEFAULT_SEED, description=SEED_DESCRIPTION, **SEED_RANGE)
+    overwrite_output_dir: bool = Field(False, description=OVERWRITE_OUTPUT_DIR_DESCRIPTION)
     gradient_accumulation_steps: PositiveInt = Field(1, description="Micro-batches accumulated per optimizer step.")
     # -- optimisation --------------------------------------------------------------------------------------------
     lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(

@@ -26,6 +26,7 @@ from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
 from training_wizard.sharding import engine_kind, unwrap_model
+from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.base import RunState
@@ -102,9 +103,10 @@ class SupervisedTrainer:
         raise NotImplementedError
 
     # ---------------------------------------------------------------------------------------------- loop
-    def train(self) -> None:
+    def train(self, resume_from_checkpoint: str | None = None) -> None:
         """Run the remaining steps. On SIGTERM/SIGINT: checkpoint at the next step boundary, then raise
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
+        take_output_dir(self, resume_from_checkpoint)  # from Python; a recipe has taken it already
         total = self.plan.num_steps * self.plan.batch_size
         progress = ProgressDisplay(total, enabled=self.is_main, start_episode=self.state.episode)
         self._clock = (time.perf_counter(), self.state.episode)

@@ -1,0 +1,165 @@
+"""A run owns its `output_dir`: it never appends to, overwrites or prunes another run's files.
+
+What a run writes there (`RUN_FILES`) is known; anything else in the folder is the user's and is never touched.
+A run takes the folder once, before it writes anything (`take_output_dir`):
+  - a new run (no `resume_from_checkpoint`) refuses a folder that holds another run's files, unless the user
+    said `overwrite_output_dir = true`, which deletes those files (and only those) first;
+  - a resumed run checks that the checkpoint was written by the same trainer on the same model architecture
+    (`run_identity`, recorded in every checkpoint's manifest and in `run.json`) before it loads or prunes
+    anything; `latest` with no checkpoint yet restarts only a run of the same identity that never finished.
+The identity is what decides a checkpoint's shape: the trainer class and, for each saved model, its name and
+architecture (and LoRA settings). Settings that may change on resume (episodes, learning rate, ...) are not
+part of it: `changed_settings` lists them for the note the resume prints.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from training_wizard.errors import UserError
+
+# Every file or folder a training run writes into its output_dir (tracking/, checkpoint.py, recipes/).
+RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints", "model",
+             "report.html", "metrics.png", "tensorboard")
+# What a run that never finished may leave: `latest` with no checkpoint yet restarts it from the beginning.
+UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints")
+RUN_IDENTITY_FILE = "run.json"
+# The config keys of a model's architecture: a checkpoint whose weights have other shapes cannot be loaded.
+_ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "intermediate_size", "num_labels")
+_ADAPTER_KEYS = ("r", "lora_alpha", "target_modules", "modules_to_save")
+
+
+def run_files(folder: str | Path) -> list[str]:
+    """The names of `RUN_FILES` present in `folder`."""
+    folder = Path(folder)
+    return [name for name in RUN_FILES if (folder / name).exists()]
+
+
+def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
+    """A run that does not resume: refuse a folder with another run's files (one line naming the folder and the
+    two ways on), or with `overwrite` delete those files first. Returns the names deleted."""
+    found = run_files(folder)
+    if found and not overwrite:
+        raise UserError(
+            f"output_dir: '{folder}' holds another run's files ({', '.join(found)}); continue that run with "
+            "resume_from_checkpoint = \"latest\", or choose another output_dir (overwrite_output_dir = true "
+            "deletes them first)"
+        )
+    for name in found:
+        path = Path(folder) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return found
+
+
+def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
+    """`resume_from_checkpoint = "latest"` found no checkpoint: the run starts from the beginning, which is only
+    right for an unfinished run of the same identity (killed before its first checkpoint)."""
+    finished = [name for name in run_files(folder) if name not in UNFINISHED_RUN_FILES]
+    if finished:
+        raise UserError(
+            f"resume_from_checkpoint = \"latest\": '{folder}' has no checkpoint to resume but holds a finished "
+            f"run's files ({', '.join(finished)}); choose another output_dir (overwrite_output_dir = true with no "
+            "resume_from_checkpoint deletes them first)"
+        )
+    recorded = read_run_identity(folder)
+    if recorded is not None:
+        problem = identity_difference(recorded, identity)
+        if problem:
+            raise UserError(f"resume_from_checkpoint = \"latest\": '{folder}' belongs to another run ({problem}); "
+                            "choose another output_dir")
+
+
+def read_run_identity(folder: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(folder) / RUN_IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_run_identity(folder: str | Path, identity: dict[str, Any]) -> None:
+    path = Path(folder) / RUN_IDENTITY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------- identity
+def run_identity(trainer) -> dict[str, Any]:
+    """What made a run's checkpoints: the trainer class and each saved model's name and architecture."""
+    from training_wizard.sharding import unwrap_model
+
+    models = {}
+    for folder, model in trainer.checkpoint_models().items():
+        models[folder] = model_identity(unwrap_model(trainer.accelerator, model))
+    kind = type(trainer)
+    return {"trainer": f"{kind.__module__}.{kind.__qualname__}", "models": models}
+
+
+def model_identity(model) -> dict[str, Any]:
+    """A model's name (`config._name_or_path`), the architecture keys of its config, and its LoRA settings."""
+    config = getattr(model, "config", None)
+    architecture = {key: _plain(getattr(config, key)) for key in _ARCHITECTURE_KEYS
+                    if config is not None and getattr(config, key, None) is not None}
+    adapter = None
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        settings = next(iter(peft_config.values()))
+        adapter = {key: _plain(getattr(settings, key, None)) for key in _ADAPTER_KEYS}
+    return {"name": str(getattr(config, "_name_or_path", "") or ""), "architecture": architecture,
+            "adapter": adapter}
+
+
+def _plain(value: Any) -> Any:
+    """JSON-comparable: sets and tuples become sorted lists (peft keeps target_modules as a set)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(str(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+def _short(trainer_path: str) -> str:
+    return trainer_path.rsplit(".", 1)[-1]
+
+
+def identity_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """None when `recorded` (a checkpoint's or run.json's) matches `current`; else what differs, naming both."""
+    if recorded.get("trainer") != current.get("trainer"):
+        return (f"written by {_short(str(recorded.get('trainer')))}, this run is "
+                f"{_short(str(current.get('trainer')))}")
+    old_models, new_models = recorded.get("models", {}), current.get("models", {})
+    if set(old_models) != set(new_models):
+        return f"it saved the models {sorted(old_models)}, this run trains {sorted(new_models)}"
+    for folder, old in old_models.items():
+        new = new_models[folder]
+        if old.get("name") != new.get("name"):
+            return f"its {folder} is '{old.get('name')}', this run's is '{new.get('name')}'"
+        for part in ("architecture", "adapter"):
+            if old.get(part) != new.get(part):
+                return (f"its {folder} has {part} {_settings(old.get(part))}, this run's has "
+                        f"{_settings(new.get(part))}")
+    return None
+
+
+def _settings(values: dict[str, Any] | None) -> str:
+    if not values:
+        return "none"
+    return ", ".join(f"{key}={value}" for key, value in sorted(values.items()))
+
+
+def changed_settings(recorded: dict[str, Any] | None, current: dict[str, Any], limit: int = 8) -> list[str]:
+    """`key old -> new` for each [training] setting that differs from the checkpoint's (output_dir aside)."""
+    if not recorded:
+        return []
+    keys = sorted((set(recorded) | set(current)) - {"output_dir", "overwrite_output_dir"})
+    changes = [f"{key} {recorded.get(key)!r} -> {current.get(key)!r}" for key in keys
+               if recorded.get(key) != current.get(key)]
+    if len(changes) > limit:
+        changes = [*changes[:limit], f"and {len(changes) - limit} more"]
+    return changes
