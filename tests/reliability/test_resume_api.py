@@ -214,3 +214,17 @@ def test_a_bug_while_saving_keeps_its_traceback_and_the_previous_checkpoint(toke
         trainer.train()
     root = tmp_path / "checkpoints"
     assert (root / "latest").read_text() == "step-1" and not (root / ".staging-step-2").exists()
+
+
+def test_python_trainer_refuses_a_used_output_dir_and_resumes_with_trls_argument(tokenizer, tmp_path):
+    first = make(tokenizer, tmp_path, total_episodes=8 * 2)
+    first.train()
+    metrics = (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(UserError) as refused:
+        make(tokenizer, tmp_path, total_episodes=8 * 2).train()
+    assert "holds another run's files" in str(refused.value) and "overwrite_output_dir" in str(refused.value)
+    assert (tmp_path / "metrics.jsonl").read_bytes() == metrics  # nothing appended
+    longer = make(tokenizer, tmp_path, total_episodes=8 * 3)
+    longer.train(resume_from_checkpoint="latest")  # TRL's Trainer.train argument
+    assert longer.state.iteration == 3
+    assert [record["episode"] for record in read_metrics(tmp_path)] == [8, 16, 24]

@@ -75,6 +75,13 @@ class Recipe(Spec):
         check_launch(accelerator)
         return accelerator, Console(quiet=not accelerator.is_main_process)
 
+    def check_can_start(self, config, accelerator, console) -> None:  # noqa: ARG002 - subclasses use them
+        """What a run checks before it loads any model, and `--dry-run` with it (the same call, so a dry run that
+        passes does not leave a real run to fail at start): here the trackers report_to names."""
+        from training_wizard.tracking.metrics import check_trackers_installed
+
+        check_trackers_installed(config.report_to)
+
     def prepare_output(self, accelerator) -> None:
         """Check output_dir is writable (main process), before any model loads: nothing is written there yet."""
         if accelerator.is_main_process:

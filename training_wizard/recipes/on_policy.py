@@ -63,6 +63,7 @@ class OnPolicyRecipe(Recipe):
         console.print(batch_table(plan))
         for note in batch_notes(plan, len(train_rows)):
             console.print(f"note: {note}", soft_wrap=True)
+        self.check_can_start(config, accelerator, console)
         if dry_run:
             self._show_prompts(train_rows, tokenizer, console)
             return
@@ -75,6 +76,16 @@ class OnPolicyRecipe(Recipe):
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         if accelerator.is_main_process:
             self.finish_outputs(time.perf_counter() - started, console)
+
+    def check_can_start(self, config, accelerator, console: Console) -> None:
+        """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the
+        generation backend (vLLM installed, a launch it runs under); warnings about likely mistakes."""
+        from training_wizard.trainers.setup import check_generation_can_start
+
+        super().check_can_start(config, accelerator, console)
+        check_generation_can_start(accelerator, config)
+        for warning in config.start_warnings():
+            console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
     def finish_outputs(self, wall_seconds: float, console: Console) -> None:
         """After the final save (main process): the model card, plots and report.html, and the run's summary as the

@@ -16,6 +16,7 @@ touched); nothing is ever reloaded from disk.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -42,6 +43,18 @@ def local_state(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
+def vllm_missing(reason: str) -> UserError:
+    return UserError(f"training.use_vllm: vLLM is not installed ({reason}); `pip install -e .[vllm]` on a GPU "
+                     "machine, or `bash scripts/setup_vllm.sh` for vLLM's CPU build (docs/vllm.md)")
+
+
+def check_vllm_installed() -> None:
+    """One line saying how to install vLLM, unless it is installed (found without importing it, which takes
+    seconds: a dry run checks it too)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise vllm_missing("no module named 'vllm'")
+
+
 def import_vllm():
     """The vllm package, or one line saying how to install it."""
     # In-process engine core: the trainer drives the engine directly (no engine subprocess to reach the weights).
@@ -51,8 +64,7 @@ def import_vllm():
     try:
         import vllm
     except ImportError as exc:
-        raise UserError(f"training.use_vllm: vLLM is not installed ({exc}); `pip install -e .[vllm]` on a GPU "
-                        "machine, or `bash scripts/setup_vllm.sh` for vLLM's CPU build (docs/vllm.md)") from None
+        raise vllm_missing(str(exc)) from None
     return vllm
 
 

@@ -27,11 +27,7 @@ class MetricsLogger:
         self.enabled = is_main_process
         self.path = Path(output_dir) / "metrics.jsonl"
         self._writers: list[Any] = []
-        missing = [name for name in report_to or [] if importlib.util.find_spec(_TRACKER_PACKAGES[name]) is None]
-        if missing:
-            raise UserError(
-                f"training.report_to: {', '.join(missing)} requested but not installed (pip install {' '.join(missing)})"
-            )
+        check_trackers_installed(report_to)
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +47,15 @@ class MetricsLogger:
         for writer in self._writers:
             writer.close()
         self._writers = []
+
+
+def check_trackers_installed(report_to: list[str] | None) -> None:
+    """One line naming the trackers `report_to` asks for that are not installed (a run and --dry-run check it)."""
+    missing = [name for name in report_to or [] if importlib.util.find_spec(_TRACKER_PACKAGES[name]) is None]
+    if missing:
+        raise UserError(
+            f"training.report_to: {', '.join(missing)} requested but not installed (pip install {' '.join(missing)})"
+        )
 
 
 def _jsonable(value: Any) -> Any:

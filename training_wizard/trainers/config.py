@@ -257,6 +257,15 @@ class OnPolicyConfig(RunConfig):
                              "(top_k, top_p, min_p, repetition_penalty), not the policy's; set it to false")
         return self
 
+    def start_warnings(self) -> list[str]:
+        """Settings that are allowed but are likely not what was meant: said once at the start (and by --dry-run)."""
+        high = getattr(self, "epsilon_high", None)
+        if high is not None and high < self.cliprange:
+            return [f"training.epsilon_high ({high:g}) is below the lower clip range (epsilon / cliprange = "
+                    f"{self.cliprange:g}): a positive advantage is clipped sooner than a negative one; DAPO's "
+                    "clip-higher sets it above (0.28 with 0.2)"]
+        return []
+
     def sampling_filters(self):
         from training_wizard.rollout.sampling import SamplingFilters
 

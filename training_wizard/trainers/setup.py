@@ -210,22 +210,12 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
     (`Collectives.whole_state`)."""
     if not config.use_vllm:
         return DecodeLoopBackend(config.local_rollout_forward_batch_size)
-    kind = engine_kind(accelerator)
-    if kind == "deepspeed":
-        # Tried: ZeRO-3 with colocated engines on two CPU processes gave non-finite policy or reference logprobs at
-        # the first iteration in three of five runs (gathered for the rollout or one parameter at a time).
-        raise UserError("training.use_vllm: not supported under DeepSpeed here; use FSDP2 (fsdp_version = 2), plain "
-                        "data parallel, or use_vllm = false")
-    if kind == "fsdp" and not accelerator.is_fsdp2:
-        raise UserError("training.use_vllm: not supported under FSDP1 (its flat parameters have no per-parameter "
-                        "gather); use fsdp_version = 2, plain data parallel, or use_vllm = false")
+    check_generation_can_start(accelerator, config)
     from training_wizard.rollout.vllm import VLLMColocateBackend, VLLMServerBackend
 
     options = vllm_sampling_options(config)
     if config.vllm_mode == "server":
-        url = config.vllm_server_base_url or f"http://{config.vllm_server_host}:{config.vllm_server_port}"
-        if not url.startswith(("http://", "https://")):
-            raise UserError(f"training.vllm_server_base_url: expected an http:// or https:// URL, got {url!r}")
+        url = vllm_server_url(config)
         return VLLMServerBackend(policy, base_url=url, timeout=config.vllm_server_timeout,
                                  push=accelerator.is_main_process, barrier=collectives.barrier,
                                  sampling_options=options, whole=collectives.whole_state)
@@ -235,6 +225,35 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
         tensor_parallel_size=config.vllm_tensor_parallel_size, sleep_mode=config.vllm_enable_sleep_mode,
         world_size=accelerator.num_processes, sampling_options=options, whole=collectives.whole_state,
     )
+
+
+def check_generation_can_start(accelerator: Accelerator, config: OnPolicyConfig) -> None:
+    """What the generation backend needs before it starts, checked the same way by a run and by `--dry-run`
+    (recipes/on_policy.py): vLLM installed for a colocated engine, a launch it can run under, a server URL."""
+    if not config.use_vllm:
+        return
+    kind = engine_kind(accelerator)
+    if kind == "deepspeed":
+        # Tried: ZeRO-3 with colocated engines on two CPU processes gave non-finite policy or reference logprobs at
+        # the first iteration in three of five runs (gathered for the rollout or one parameter at a time).
+        raise UserError("training.use_vllm: not supported under DeepSpeed here; use FSDP2 (fsdp_version = 2), plain "
+                        "data parallel, or use_vllm = false")
+    if kind == "fsdp" and not accelerator.is_fsdp2:
+        raise UserError("training.use_vllm: not supported under FSDP1 (its flat parameters have no per-parameter "
+                        "gather); use fsdp_version = 2, plain data parallel, or use_vllm = false")
+    if config.vllm_mode == "server":
+        vllm_server_url(config)
+    else:
+        from training_wizard.rollout.vllm import check_vllm_installed
+
+        check_vllm_installed()
+
+
+def vllm_server_url(config: OnPolicyConfig) -> str:
+    url = config.vllm_server_base_url or f"http://{config.vllm_server_host}:{config.vllm_server_port}"
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"training.vllm_server_base_url: expected an http:// or https:// URL, got {url!r}")
+    return url
 
 
 # Sampling options a config may carry beside temperature, with the value that leaves sampling unchanged.

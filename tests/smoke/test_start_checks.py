@@ -1,0 +1,77 @@
+"""What a run checks at its start, `--dry-run` checks too (one shared call: Recipe.check_can_start), and the
+warnings and exits around it."""
+
+import importlib.util
+import json
+
+import pytest
+
+from training_wizard.cli import main
+
+RECIPE = """\
+recipe_class = "grpo"
+output_dir = "{out}"
+[model]
+pretrained_name = "{model}"
+[dataset]
+data_files = "{data}"
+[reward]
+reward_funcs = ["start_rewards:length"]
+[training]
+num_generations = 2
+per_device_train_batch_size = 2
+total_episodes = 4
+response_length = 4
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path, tiny_model_dir, monkeypatch):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Item {i}."}) + "\n" for i in range(4)))
+    (tmp_path / "start_rewards.py").write_text("def length(completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "recipe.toml"
+    path.write_text(RECIPE.format(out=tmp_path / "run", model=tiny_model_dir, data=data))
+    return path
+
+
+def hide_packages(monkeypatch, *names):
+    """find_spec answers None for `names`, as where they are not installed."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in names else real(name, *a))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["training.use_vllm=true"], "training.use_vllm: vLLM is not installed"),
+    (['training.report_to=["wandb"]'], "training.report_to: wandb requested but not installed"),
+])
+def test_dry_run_refuses_what_the_run_would_refuse_at_start(recipe, monkeypatch, capsys, overrides, expected):
+    hide_packages(monkeypatch, "vllm", "wandb")
+    for dry in (["--dry-run"], []):
+        assert main([str(recipe), *overrides, *dry]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+    assert not (recipe.parent / "run" / "metrics.jsonl").exists()
+
+
+def test_epsilon_high_below_epsilon_is_a_one_line_warning(recipe, capsys):
+    assert main([str(recipe), "training.epsilon_high=0.1", "--dry-run"]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: training.epsilon_high (0.1) is below the lower clip range (epsilon / cliprange = "
+                        "0.2): a positive advantage is clipped sooner than a negative one; DAPO's clip-higher sets "
+                        "it above (0.28 with 0.2)"]
+    assert main([str(recipe), "training.epsilon_high=0.28", "--dry-run"]) == 0
+    assert "warning:" not in capsys.readouterr().out
+
+
+def test_a_second_ctrl_c_is_one_line_and_exit_130(recipe, monkeypatch, capsys):
+    from training_wizard.recipes.grpo import GRPORecipe
+
+    def interrupted(self, dry_run=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GRPORecipe, "main", interrupted)
+    assert main([str(recipe)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("training-wizard: stopped by a second SIGINT"), err
