@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field
 
 from training_wizard.errors import UserError
-from training_wizard.specs.reward import RewardSpec
+from training_wizard.specs.reward import RewardSpec, iterations_before
 
 RLOO_CLASSES = ("training_wizard.recipes.rloo.RLOOTrainingSpec", "training_wizard.recipes.rloo.RLOOSpec")
 GRPO_CLASS = "training_wizard.recipes.grpo.GRPOTrainingSpec"
@@ -429,7 +429,7 @@ class LegacyRewardSpec(RewardSpec):
         step = columns.pop("step", 0)
         templated = columns.pop("templated_prompts", prompts)
         raw = columns.pop("raw_completions", completions)
-        object.__setattr__(self.reward, "trainer", LegacyTrainerView(step, self.logging_steps))
+        object.__setattr__(self.reward, "trainer", LegacyTrainerView(iterations_before(step), self.logging_steps))
         return self.reward.compute_reward(templated, raw, **accepted_columns(self.reward.compute_reward, columns))
 
     def score(self, prompts, completions, columns, step: int = 0, label: str | None = None):

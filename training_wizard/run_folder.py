@@ -43,12 +43,8 @@ def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
     """A run that does not resume: refuse a folder with another run's files (one line naming the folder and the
     two ways on), or with `overwrite` delete those files first. Returns the names deleted."""
     found = run_files(folder)
-    if found and not overwrite:
-        raise UserError(
-            f"output_dir: '{folder}' holds another run's files ({', '.join(found)}); continue that run with "
-            "resume_from_checkpoint = \"latest\", or choose another output_dir (overwrite_output_dir = true "
-            "deletes them first)"
-        )
+    if not overwrite:
+        refuse_used_folder(folder)
     for name in found:
         path = Path(folder) / name
         if path.is_dir() and not path.is_symlink():
@@ -56,6 +52,17 @@ def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
         else:
             path.unlink()
     return found
+
+
+def refuse_used_folder(folder: str | Path) -> None:
+    """One line naming the folder, the run files in it and the two ways on, if it holds any."""
+    found = run_files(folder)
+    if found:
+        raise UserError(
+            f"output_dir: '{folder}' holds another run's files ({', '.join(found)}); continue that run with "
+            "resume_from_checkpoint = \"latest\", or choose another output_dir (overwrite_output_dir = true "
+            "deletes them first)"
+        )
 
 
 def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:

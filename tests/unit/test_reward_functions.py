@@ -135,7 +135,7 @@ def test_called_by_keyword_with_columns_ids_and_state():
     (call,) = calls
     assert call["prompts"] == ["Q1", "Q2"]  # the dataset's prompt, not the query text
     assert call["completions"] == ["abc", "de"] and call["completion_ids"] == [[5, 6, 2], [7]]
-    assert call["trainer_state"].global_step == 7
+    assert call["trainer_state"].global_step == 6  # step 7's rollout (numbered as checkpoints): 6 iterations before it
     assert call["columns"] == {"answer": ["1", "2"], "completion_has_eos": [True, False]}
 
 
@@ -256,7 +256,7 @@ def test_trainer_passes_sampled_ids_and_iteration(tmp_path):
     assert [s["step"] for s in seen] == [0, 1]  # two iterations, counted from 0 like TRL's global_step
     assert seen[0]["prompts"][0].startswith("Say ")
     rollout = trainer.collector.collect(trainer.train_prompts, [0, 1], [11, 12], step=5)
-    assert seen[-1]["step"] == 5
+    assert seen[-1]["step"] == 4  # step 5 as checkpoints count: 4 iterations completed before it
     sampled = [ids[keep].tolist() for ids, keep in zip(rollout.responses, rollout.response_mask)]
     assert seen[-1]["ids"] == sampled and all(len(ids) > 0 for ids in sampled)
     assert math.isnan(rollout.components["keep_ids"][0]) and rollout.components["keep_ids"][1] == len(sampled[1])

@@ -188,7 +188,8 @@ def test_recipe_dry_run_shows_the_trained_tokens_and_bad_rows_exit_2(tmp_path, t
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     data.write_text(json.dumps({"prompt": "Repeat: cat", "answer": "cat"}) + "\n")
     assert main([str(recipe)]) == 2
-    assert "dataset row 0: expected a 'text', 'prompt' + 'completion', or 'messages' column" in capsys.readouterr().err
+    assert f"dataset row 0 ({data} line 1): column 'completion' missing (the row has 'prompt'); expected 'text', " \
+        "'prompt' + 'completion', or 'messages'" in capsys.readouterr().err
     assert main([str(recipe), "training.output_dir=x"]) == 2
     assert "set output_dir at the top level of the recipe" in capsys.readouterr().err
 

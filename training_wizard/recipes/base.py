@@ -83,9 +83,14 @@ class Recipe(Spec):
         check_trackers_installed(config.report_to)
 
     def prepare_output(self, accelerator) -> None:
-        """Check output_dir is writable (main process), before any model loads: nothing is written there yet."""
+        """Before any model loads (main process): output_dir is writable, and a new run does not find another run's
+        files there (unless overwrite_output_dir: `start` deletes them). Nothing is written there yet."""
         if accelerator.is_main_process:
             check_writable(self.output_dir)
+            if not self.resume_from_checkpoint and not self.overwrite_output_dir:
+                from training_wizard.run_folder import refuse_used_folder
+
+                refuse_used_folder(self.output_dir)
 
     def start(self, trainer, console) -> None:
         """Take output_dir (run_start.py): resume from the checkpoint, or as a new run refuse another run's files

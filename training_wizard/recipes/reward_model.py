@@ -26,9 +26,16 @@ class RewardModelRecipe(SupervisedRecipe):
     )
 
     def encode(self, rows, tokenizer, config: RewardConfig, label: str, console: Console) -> list:
-        from training_wizard.trainers.reward_model import encode_pairs
+        from training_wizard.trainers.reward_model import encode_pairs, identical_pairs
 
-        return encode_pairs(rows, tokenizer, config, label)
+        where = self.row_names(label)
+        pairs = encode_pairs(rows, tokenizer, config, label, where)
+        same = identical_pairs(pairs)
+        if same:  # kept: dropping them would change what a run trains on; said once, not per row
+            console.print(f"warning: {label}: {len(same)} pair(s) have identical chosen and rejected (first: "
+                          f"{where(same[0])}); they carry no preference signal", markup=False, highlight=False,
+                          soft_wrap=True)
+        return pairs
 
     def describe(self, row, tokenizer) -> str:
         return (f"chosen:\n{tokenizer.decode(row.chosen)}\n--- rejected:\n{tokenizer.decode(row.rejected)}"

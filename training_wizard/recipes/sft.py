@@ -22,7 +22,7 @@ class SFTRecipe(SupervisedRecipe):
     def encode(self, rows, tokenizer, config: SFTConfig, label: str, console: Console) -> list:
         from training_wizard.trainers.sft import encode_sft_rows, pack_examples
 
-        examples, dropped = encode_sft_rows(rows, tokenizer, config, label)
+        examples, dropped = encode_sft_rows(rows, tokenizer, config, label, self.row_names(label))
         if dropped:
             console.print(f"note: {label}: {dropped} row(s) have no token to train on (completion empty or cut off "
                           "by training.max_length) and were left out")

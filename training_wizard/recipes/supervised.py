@@ -6,7 +6,10 @@ resume if asked, train, save the final model and the report.
 
 from __future__ import annotations
 
-from pydantic import Field
+import functools
+from collections.abc import Callable
+
+from pydantic import Field, PrivateAttr
 from rich.console import Console
 from rich.table import Table
 
@@ -29,6 +32,20 @@ class SupervisedRecipe(Recipe):
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: SupervisedConfig
 
+    # How messages name row i of the rows `load_rows` read under each label ('dataset', 'eval_dataset').
+    _row_names: dict[str, Callable[[int], str]] = PrivateAttr(default_factory=dict)
+
+    def load_rows(self, source: DataSourceSpec, label: str):
+        """`source`'s rows under `label`; `row_names(label)` then names each with its file and line."""
+        rows = source.load(label)
+        self._row_names[label] = functools.partial(source.row_name, label=label)
+        return rows
+
+    def row_names(self, label: str) -> Callable[[int], str]:
+        """How an `encode` names row i in messages: 'dataset row 3 (data/sft.jsonl line 7)' for rows `load_rows`
+        read, 'dataset row 3' for others."""
+        return self._row_names.get(label) or (lambda index: f"{label} row {index}")
+
     def encode(self, rows, tokenizer, config, label: str, console: Console) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -50,15 +67,16 @@ class SupervisedRecipe(Recipe):
         config = self.training_config()
         accelerator, console = self.open_run(config.gradient_accumulation_steps)
         tokenizer = self.model.load_tokenizer()
-        train_rows = self.encode(self.dataset.load("dataset"), tokenizer, config, "dataset", console)
+        train_rows = self.encode(self.load_rows(self.dataset, "dataset"), tokenizer, config, "dataset", console)
         plan = config.supervised_plan(accelerator.num_processes, len(train_rows))
         console.print(_plan_table(plan))
+        self.check_can_start(config, accelerator, console)
         if dry_run:
             self.show_examples(train_rows, tokenizer, console)
             return
         held_out = self.held_out_spec()
-        eval_rows = self.encode(held_out.load("eval_dataset"), tokenizer, config, "eval_dataset", console) \
-            if held_out is not None else None
+        eval_rows = self.encode(self.load_rows(held_out, "eval_dataset"), tokenizer, config, "eval_dataset",
+                                console) if held_out is not None else None
         self.prepare_output(accelerator)
         model = self.load_model(config, tokenizer)
         trainer = self.build_trainer(config, tokenizer, model, train_rows, eval_rows, accelerator)

@@ -1,16 +1,19 @@
 """Reading prompt data into a `datasets.Dataset`: local files (json/jsonl, csv, parquet, text; globs, lists,
 compressed) and hub datasets by name. Every failure a user can cause becomes a one-line UserError naming the
-recipe key and the file or row; nothing here knows about prompts (see specs/dataset.py).
+recipe key and the file or row; nothing here knows about prompts (see specs/dataset.py). `RowLocator` names the
+file and line each loaded row came from, for messages about a row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import json
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -237,6 +240,89 @@ def load_hub(name: str, subset: str | None, split: str, key: str):
             f"{key}: could not load hub dataset '{name}' (split '{split}'): {where}; "
             "use data_files with local files, or download it once with network access"
         ) from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Where a row came from
+
+
+class RowLocator:
+    """Names the file and place of each row `load_files(paths)` gave, reading the files again on first use only
+    (messages about a bad row need it; a good run never does).
+
+    Lines are physical line numbers, blank lines included (a CSV header is line 1); items of a JSON list and rows
+    of a parquet file count from 0, as the dataset's rows do. If the files do not give `rows` rows in all (edited
+    since, or laid out in a way not recognised here), no row is located rather than a wrong one.
+    """
+
+    def __init__(self, paths: list[str], rows: int):
+        self.paths, self.rows = paths, rows
+        self._places: list[tuple[str, str, Sequence[int]]] | None = None
+
+    def origin(self, raw_index: int) -> str | None:
+        """'data/sft.jsonl line 7' for row `raw_index` of the loaded files; None where it cannot be told."""
+        if self._places is None:
+            self._places = self._read_places()
+        for path, unit, numbers in self._places:
+            if raw_index < len(numbers):
+                return f"{_display_path(path)} {unit} {numbers[raw_index]}"
+            raw_index -= len(numbers)
+        return None
+
+    def _read_places(self) -> list[tuple[str, str, Sequence[int]]]:
+        try:
+            places = [(path, *_row_places(path)) for path in self.paths]
+        except (OSError, ValueError, csv.Error):  # unreadable now: the message goes without the file's line
+            return []
+        return places if sum(len(numbers) for _, _, numbers in places) == self.rows else []
+
+
+def _row_places(path: str) -> tuple[str, Sequence[int]]:
+    """('line', line numbers), ('item', positions) or ('row', positions) of each row of one file, as the
+    `datasets` builder for its type reads it."""
+    import fsspec
+
+    builder = builder_for(path, "data_files")
+    if builder == "parquet":
+        import pyarrow.parquet
+
+        return "row", range(pyarrow.parquet.ParquetFile(path).metadata.num_rows)
+    if builder == "csv":
+        with fsspec.open(path, "rt", compression="infer", encoding="utf-8", newline="") as handle:
+            return "line", _csv_record_lines(handle, "\t" if _last_suffix(path) == "tsv" else ",")
+    with fsspec.open(path, "rt", compression="infer", encoding="utf-8") as handle:
+        text = handle.read()
+    if builder == "text":
+        return "line", range(1, len(text.splitlines()) + 1)  # the text builder keeps blank lines as rows
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        document = None  # JSON Lines
+    if isinstance(document, list):
+        return "item", range(len(document))
+    # JSON Lines skip blank lines; a whole-file object is one row, which starts at its first line.
+    lines = [number for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    return "line", lines[:1] if isinstance(document, dict) else lines
+
+
+def _csv_record_lines(handle, delimiter: str) -> list[int]:
+    """The line each data record of a CSV file starts on: a quoted field may span lines, and blank lines are
+    skipped (as pandas, behind the csv builder, does)."""
+    reader = csv.reader(handle, delimiter=delimiter)
+    starts, line = [], 0
+    for record in reader:
+        if record:
+            starts.append(line + 1)
+        line = reader.line_num
+    return starts[1:]  # the first record is the header
+
+
+def _display_path(path: str) -> str:
+    """A path under the working directory relative to it (as a user would write it); others as they are."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ Rows are standard `{"prompt": "..."}` or conversational `{"prompt": [{"role": ..
 Every source shares the preprocessing keys of `DataSourceSpec` (`columns`, `rename_columns`, `shuffle`,
 `shuffle_seed`, `take`, `filter_length`). A subclass implements `load_raw(label)`; `load(label)` applies the
 preprocessing on top. `label` is the dotted key of the source in the recipe (`dataset`, `dataset.parent`,
-`dataset.sources[1]`) so that errors name the key a user has to fix.
+`dataset.sources[1]`) so that errors name the key a user has to fix. After `load`, `row_name(i, label)` names
+row i with the file and line it came from, for messages about that row.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import (
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, _recipe_dir
 from training_wizard.specs.data_files import (
+    RowLocator,
     expand_data_files,
     load_files,
     load_hub,
@@ -36,6 +38,9 @@ from training_wizard.specs.data_files import (
 ROLES = ("system", "user", "assistant")
 # A prompt may use at most this fraction of response_length tokens when filter_length is on (as in training-wizard 1.0's RLOO example).
 FILTER_LENGTH_FRACTION = 0.9
+# Each row's position in `load_raw`'s rows travels through preprocessing in this column (removed before `load`
+# returns), so that shuffle and take stay the datasets library's own and `row_name` still finds the row's origin.
+RAW_ROW_COLUMN = "__training_wizard_raw_row__"
 
 
 class DataSourceSpec(Spec):
@@ -65,19 +70,45 @@ class DataSourceSpec(Spec):
         "rest", description="With hold_out: 'rest' (training) or 'held_out' (an eval_dataset over the same source)."
     )
 
+    # Position in `load_raw`'s rows of each row the last `load()` returned.
+    _raw_rows: list[int] = PrivateAttr(default_factory=list)
+
     def load_raw(self, label: str = "dataset"):
         """The rows before preprocessing; subclasses implement this."""
         raise NotImplementedError(f"{type(self).__name__} must implement load_raw()")
 
     def load(self, label: str = "dataset"):
         """Return a `datasets.Dataset`: `load_raw` followed by the preprocessing keys."""
-        return self.preprocess(self.load_raw(label), label)
+        import numpy
+
+        raw = self.load_raw(label)
+        rows = self.preprocess(raw.add_column(RAW_ROW_COLUMN, numpy.arange(len(raw))), label)
+        # Read as one Arrow column (row by row it takes seconds for a few hundred thousand rows); a list, not an
+        # array, since pydantic compares private attributes when specs are compared.
+        column = rows.select_columns([RAW_ROW_COLUMN]).with_format("arrow")[RAW_ROW_COLUMN]
+        self._raw_rows = column.to_numpy().tolist()
+        return rows.remove_columns(RAW_ROW_COLUMN)
+
+    def raw_row_origin(self, raw_index: int) -> str | None:
+        """Where row `raw_index` of `load_raw` came from ('data/sft.jsonl line 7'); None where unknown. Sources
+        that know override this."""
+        return None
+
+    def row_origin(self, index: int) -> str | None:
+        """Where row `index` of the last `load()` came from; None where unknown."""
+        return self.raw_row_origin(self._raw_rows[index]) if 0 <= index < len(self._raw_rows) else None
+
+    def row_name(self, index: int, label: str = "dataset") -> str:
+        """Row `index` of the last `load(label)`, as messages name it: 'dataset row 3 (data/sft.jsonl line 7)', or
+        'dataset row 3' where its origin is unknown."""
+        origin = self.row_origin(index)
+        return f"{label} row {index} ({origin})" if origin else f"{label} row {index}"
 
     def preprocess(self, ds, label: str = "dataset"):
         """Apply `columns`, `rename_columns`, `shuffle` and `take`, in that order."""
         if self.columns is not None:
             _require_columns(ds, self.columns, f"{label}.columns")
-            ds = ds.select_columns(self.columns)
+            ds = ds.select_columns(self.columns + [name for name in ds.column_names if name == RAW_ROW_COLUMN])
         if self.rename_columns:
             _require_columns(ds, list(self.rename_columns), f"{label}.rename_columns")
             clashes = [new for old, new in self.rename_columns.items()
@@ -103,9 +134,10 @@ class DataSourceSpec(Spec):
 
 
 def _require_columns(ds, names: list[str], key: str) -> None:
-    missing = [name for name in names if name not in ds.column_names]
+    columns = [name for name in ds.column_names if name != RAW_ROW_COLUMN]
+    missing = [name for name in names if name not in columns]
     if missing:
-        raise UserError(f"{key}: column '{missing[0]}' not found (columns: {', '.join(ds.column_names)})")
+        raise UserError(f"{key}: column '{missing[0]}' not found (columns: {', '.join(columns)})")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -125,6 +157,8 @@ class SimpleDataSourceSpec(DataSourceSpec):
     # Folder of the recipe this spec was read from: relative data_files may be relative to it (see resolve_path),
     # and `load()` runs after the recipe loader has left that context.
     _base_dir: Path | None = PrivateAttr(default_factory=_recipe_dir.get)
+    # Names the file and line of each row of the last load of local files; None for a hub dataset.
+    _locator: RowLocator | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _one_origin(self) -> SimpleDataSourceSpec:
@@ -135,6 +169,7 @@ class SimpleDataSourceSpec(DataSourceSpec):
         return self
 
     def load_raw(self, label: str = "dataset"):
+        self._locator = None
         if self.name is not None:
             return load_hub(self.name, self.subset, self.split, f"{label}.name")
         token = _recipe_dir.set(self._base_dir or _recipe_dir.get())
@@ -142,7 +177,12 @@ class SimpleDataSourceSpec(DataSourceSpec):
             paths = expand_data_files(self.data_files, f"{label}.data_files")
         finally:
             _recipe_dir.reset(token)
-        return load_files(paths, f"{label}.data_files")
+        rows = load_files(paths, f"{label}.data_files")
+        self._locator = RowLocator(paths, len(rows))
+        return rows
+
+    def raw_row_origin(self, raw_index: int) -> str | None:
+        return self._locator.origin(raw_index) if self._locator is not None else None
 
 
 class MessageTemplate(BaseModel):
@@ -212,6 +252,9 @@ class TemplateInstructDatasourceSpec(DataSourceSpec):
         remove = [column] if column in parent.column_names else None
         return parent.map(fill, with_indices=True, remove_columns=remove, load_from_cache_file=False)
 
+    def raw_row_origin(self, raw_index: int) -> str | None:
+        return self.parent.row_origin(raw_index)  # one row per parent row, in the parent's order
+
 
 def template_fields(text: str) -> list[str]:
     """Names of the `{field}` placeholders of a template (`{a.b}`/`{a[0]}` count as field `a`)."""
@@ -243,10 +286,21 @@ class MultiDataSourceSpec(DataSourceSpec):
 
     sources: list[DataSourceSpec] = Field(min_length=1, description="The sources (any data source each).")
 
+    # Rows of each source in the last load, to find the source of a row of the concatenation.
+    _source_rows: list[int] = PrivateAttr(default_factory=list)
+
+    def raw_row_origin(self, raw_index: int) -> str | None:
+        for source, rows in zip(self.sources, self._source_rows):
+            if raw_index < rows:
+                return source.row_origin(raw_index)
+            raw_index -= rows
+        return None
+
     def load_raw(self, label: str = "dataset"):
         import datasets
 
         parts = [source.load(f"{label}.sources[{i}]") for i, source in enumerate(self.sources)]
+        self._source_rows = [len(part) for part in parts]
         _check_prompt_formats(parts, label)
         features: dict[str, Any] = {}
         for part in parts:
@@ -307,6 +361,23 @@ def validate_prompt_row(row: dict[str, Any], index: int, label: str = "dataset")
             raise UserError(f"{label} row {index}: prompt[{position}].content: expected a string")
     if prompt[-1]["role"] != "user":
         raise UserError(f"{label} row {index}: prompt: the last message must be from the user")
+
+
+ROLE_HINT = ("expected system, user or assistant (or a role listed in training.extra_roles, if the chat template "
+             "renders it)")
+
+
+def check_roles(messages: list[dict[str, Any]], extra_roles: list[str], where: str,
+                column: str = "messages") -> None:
+    """Refuse a message whose role is not system, user, assistant or one of `extra_roles` (the supervised recipes'
+    rows): a chat template may render an unknown role as anything or drop it, and its tokens would train as that."""
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        name = f"message {position}" if column == "messages" else f"{column} message {position}"
+        if not isinstance(role, str):
+            raise UserError(f"{where}: {name} has no 'role' string; {ROLE_HINT}")
+        if role not in ROLES and role not in extra_roles:
+            raise UserError(f"{where}: {name} has role {role[:40]!r}; {ROLE_HINT}")
 
 
 def validate_prompts(dataset, source_label: str = "dataset") -> None:

@@ -95,6 +95,12 @@ class RewardSpec(Spec):
         return total, components
 
 
+def iterations_before(step: int) -> int:
+    """TRL's `global_step` seen by reward code scoring `step` (numbered as metrics and checkpoints: the first
+    iteration's rollout is step 1): the iterations completed before it, 0 at the first."""
+    return max(step - 1, 0)
+
+
 def guarded_call(
     fn: Callable[[list, list, dict], Any], prompts: list, completions: list, columns: dict, label: str, step: int
 ) -> Any:

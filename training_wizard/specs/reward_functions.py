@@ -32,7 +32,9 @@ from pydantic import Field, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.timeouts import note_doing, on_abandon
-from training_wizard.specs.reward import RewardError, RewardSpec, check_rewards, guarded_call, resolve_function
+from training_wizard.specs.reward import (
+    RewardError, RewardSpec, check_rewards, guarded_call, iterations_before, resolve_function,
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class RewardFunctionsSpec(RewardSpec):
         """(weighted totals, {function name: values with NaN where it returned None})."""
         functions = self.functions()
         trl_prompts, trl_completions, rest = trl_inputs(prompts, completions, columns)
-        state = RewardTrainerState(global_step=max(step - 1, 0))
+        state = RewardTrainerState(global_step=iterations_before(step))
         labels = {name: f"{label}, function '{name}'" if label else f"function '{name}'" for name in functions}
 
         def call(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:

@@ -10,6 +10,7 @@ its default input_template; a conversational one on the chat template's renderin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,9 @@ import torch
 
 from training_wizard.core.supervised import bradley_terry_loss
 from training_wizard.errors import UserError
+from training_wizard.specs.dataset import check_roles
 from training_wizard.trainers.config import RewardConfig
+from training_wizard.trainers.sft import RowName
 from training_wizard.trainers.supervised import SupervisedTrainer
 
 
@@ -30,13 +33,15 @@ class PreferencePair:
     margin: float = 0.0
 
 
-def _render(tokenizer, prompt: Any, completion: Any, where: str, key: str) -> list[int]:
+def _render(tokenizer, prompt: Any, completion: Any, where: str, key: str, extra_roles: list[str]) -> list[int]:
     if isinstance(completion, str) and (prompt is None or isinstance(prompt, str)):
         return list(tokenizer((prompt or "") + completion)["input_ids"])
     if isinstance(completion, list) and (prompt is None or isinstance(prompt, list)):
         messages = (prompt or []) + completion
         if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages) or not messages:
             raise UserError(f"{where}: '{key}' must be a list of {{role, content}} messages")
+        check_roles(prompt or [], extra_roles, where, "prompt")
+        check_roles(completion, extra_roles, where, key)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"{where}: conversational pairs need a tokenizer with a chat template")
         encoded = tokenizer.apply_chat_template(messages, tokenize=True)
@@ -46,31 +51,42 @@ def _render(tokenizer, prompt: Any, completion: Any, where: str, key: str) -> li
     raise UserError(f"{where}: 'prompt' and '{key}' must both be strings or both lists of messages")
 
 
-def encode_pair(row: dict[str, Any], tokenizer, config: RewardConfig, where: str = "dataset row 0") -> PreferencePair:
-    """One row as a PreferencePair; each text cut to max_length tokens."""
+def encode_pair(row: dict[str, Any], tokenizer, config: RewardConfig,
+                where: str | RowName = "dataset row 0") -> PreferencePair:
+    """One row as a PreferencePair; each text cut to max_length tokens. A null value counts as an absent column
+    (the datasets library gives every row of a file every key any row has, null where the row had none)."""
+    row = {key: value for key, value in row.items() if value is not None}
     missing = [key for key in ("chosen", "rejected") if key not in row]
     if missing:
         raise UserError(f"{where}: column '{missing[0]}' missing; expected 'chosen' and 'rejected' (and optionally "
                         f"'prompt', 'margin'); found: {', '.join(row) or 'none'}")
     prompt = row.get("prompt")
-    ids = [_render(tokenizer, prompt, row[key], where, key) for key in ("chosen", "rejected")]
+    ids = [_render(tokenizer, prompt, row[key], where, key, config.extra_roles) for key in ("chosen", "rejected")]
     if config.max_length is not None:
         ids = [x[: config.max_length] for x in ids]
     if not ids[0] or not ids[1]:
         raise UserError(f"{where}: an empty text; chosen and rejected must each have at least one token")
     margin = row.get("margin", 0.0)
-    if margin is None:
-        margin = 0.0
     if isinstance(margin, bool) or not isinstance(margin, (int, float)):
         raise UserError(f"{where}: 'margin' must be a number, got {margin!r}")
     return PreferencePair(ids[0], ids[1], float(margin))
 
 
-def encode_pairs(rows, tokenizer, config: RewardConfig, label: str = "dataset") -> list[PreferencePair]:
-    pairs = [encode_pair(dict(row), tokenizer, config, f"{label} row {i}") for i, row in enumerate(rows)]
+def encode_pairs(rows, tokenizer, config: RewardConfig, label: str = "dataset",
+                 where: Callable[[int], str] | None = None) -> list[PreferencePair]:
+    """Every row as a PreferencePair, in order. `where(i)` names row i in messages (with its file and line:
+    `DataSourceSpec.row_name`); by default 'dataset row i'."""
+    where = where or (lambda index: f"{label} row {index}")
+    pairs = [encode_pair(dict(row), tokenizer, config, RowName(where, i)) for i, row in enumerate(rows)]
     if not pairs:
         raise UserError(f"{label}: no preference pairs")
     return pairs
+
+
+def identical_pairs(pairs: list[PreferencePair]) -> list[int]:
+    """Positions of the pairs whose chosen and rejected tokens are the same (as rendered and cut to max_length):
+    both score the same, so the loss has no preference to learn from them."""
+    return [index for index, pair in enumerate(pairs) if pair.chosen == pair.rejected]
 
 
 def collate_pairs(pairs: list[PreferencePair], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ With `completion_only_loss = false` every token trains in every format.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from training_wizard.core.supervised import token_loss_sums
 from training_wizard.errors import UserError
+from training_wizard.specs.dataset import check_roles
 from training_wizard.trainers.config import SFTConfig
 from training_wizard.trainers.supervised import SupervisedTrainer
 
@@ -37,6 +39,17 @@ class SFTExample:
 
 # ------------------------------------------------------------------------------------------------------------
 # Encoding rows
+
+
+class RowName:
+    """`where(index)`, worked out only when a message is written: naming a row's file and line reads the file
+    again, which a run whose rows are all good never needs."""
+
+    def __init__(self, where: Callable[[int], str], index: int):
+        self.where, self.index = where, index
+
+    def __str__(self) -> str:
+        return self.where(self.index)
 
 
 def _chat_ids(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
@@ -74,35 +87,50 @@ def _messages_segments(tokenizer, messages: list[dict[str, str]], where: str) ->
     return segments
 
 
+# The row formats, for messages about a row that fits none of them.
+EXPECTED_COLUMNS = "expected 'text', 'prompt' + 'completion', or 'messages'"
+
+
 def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str) -> list[tuple[list[int], bool]]:
-    """The row as (token ids, trains) pieces, before `completion_only_loss` and truncation."""
+    """The row as (token ids, trains) pieces, before `completion_only_loss` and truncation (`row` without nulls)."""
     if "messages" in row:
         messages = row["messages"]
         if not _is_conversation(messages):
             raise UserError(f"{where}: 'messages' must be a list of {{role, content}} messages")
+        check_roles(messages, config.extra_roles, where)
         _need_template(tokenizer, where)
         return _messages_segments(tokenizer, messages, where)
     if "prompt" in row and "completion" in row:
-        prompt, completion = row["prompt"], row["completion"]
-        if isinstance(prompt, str) and isinstance(completion, str):
-            ids = _text_ids(tokenizer, completion, special=False)
-            eos = tokenizer.eos_token_id
-            if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
-                ids.append(eos)
-            return [(_text_ids(tokenizer, prompt, special=True), False), (ids, True)]
-        if _is_conversation(prompt) and _is_conversation(completion):
-            _need_template(tokenizer, where)
-            before = _chat_ids(tokenizer, prompt, generation_prompt=True)
-            whole = _chat_ids(tokenizer, prompt + completion, generation_prompt=False)
-            if whole[: len(before)] != before:
-                raise UserError(f"{where}: the chat template renders prompt + completion so that the prompt is not a "
-                                "prefix of it; the completion tokens cannot be found")
-            return [(before, False), (whole[len(before):], True)]
-        raise UserError(f"{where}: 'prompt' and 'completion' must both be strings or both lists of messages")
+        return _prompt_completion_segments(row["prompt"], row["completion"], tokenizer, config, where)
     if "text" in row and isinstance(row["text"], str):
         return [(_text_ids(tokenizer, row["text"], special=True), True)]
+    if "prompt" in row or "completion" in row:
+        has, lacks = ("prompt", "completion") if "prompt" in row else ("completion", "prompt")
+        raise UserError(f"{where}: column '{lacks}' missing (the row has '{has}'); {EXPECTED_COLUMNS}")
     raise UserError(f"{where}: expected a 'text', 'prompt' + 'completion', or 'messages' column "
                     f"(found: {', '.join(row) or 'none'})")
+
+
+def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config: SFTConfig,
+                                where: str) -> list[tuple[list[int], bool]]:
+    """A prompt/completion row (both strings, or both conversations) as (token ids, trains) pieces."""
+    if isinstance(prompt, str) and isinstance(completion, str):
+        ids = _text_ids(tokenizer, completion, special=False)
+        eos = tokenizer.eos_token_id
+        if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
+            ids.append(eos)
+        return [(_text_ids(tokenizer, prompt, special=True), False), (ids, True)]
+    if _is_conversation(prompt) and _is_conversation(completion):
+        check_roles(prompt, config.extra_roles, where, "prompt")
+        check_roles(completion, config.extra_roles, where, "completion")
+        _need_template(tokenizer, where)
+        before = _chat_ids(tokenizer, prompt, generation_prompt=True)
+        whole = _chat_ids(tokenizer, prompt + completion, generation_prompt=False)
+        if whole[: len(before)] != before:
+            raise UserError(f"{where}: the chat template renders prompt + completion so that the prompt is not a "
+                            "prefix of it; the completion tokens cannot be found")
+        return [(before, False), (whole[len(before):], True)]
+    raise UserError(f"{where}: 'prompt' and 'completion' must both be strings or both lists of messages")
 
 
 def _is_conversation(value: Any) -> bool:
@@ -115,8 +143,11 @@ def _need_template(tokenizer, where: str) -> None:
         raise UserError(f"{where}: conversational rows need a tokenizer with a chat template (model.tokenizer_name)")
 
 
-def encode_sft_row(row: dict[str, Any], tokenizer, config: SFTConfig, where: str = "dataset row 0") -> SFTExample:
-    """One row as token ids and loss mask, cut to `max_length` tokens."""
+def encode_sft_row(row: dict[str, Any], tokenizer, config: SFTConfig,
+                   where: str | RowName = "dataset row 0") -> SFTExample:
+    """One row as token ids and loss mask, cut to `max_length` tokens. A null value counts as an absent column: the
+    datasets library gives every row of a file every key any row has, null where the row had none."""
+    row = {key: value for key, value in row.items() if value is not None}
     ids: list[int] = []
     mask: list[bool] = []
     text_row = "text" in row and "messages" not in row and "completion" not in row
@@ -130,12 +161,15 @@ def encode_sft_row(row: dict[str, Any], tokenizer, config: SFTConfig, where: str
     return SFTExample(ids, mask, list(range(len(ids))))
 
 
-def encode_sft_rows(rows, tokenizer, config: SFTConfig, label: str = "dataset") -> tuple[list[SFTExample], int]:
+def encode_sft_rows(rows, tokenizer, config: SFTConfig, label: str = "dataset",
+                    where: Callable[[int], str] | None = None) -> tuple[list[SFTExample], int]:
     """Every row encoded; rows left with no target token (after truncation, a completion cut off entirely, or
-    the first token alone) are dropped. Returns (examples, how many were dropped)."""
+    the first token alone) are dropped. Returns (examples, how many were dropped). `where(i)` names row i in
+    messages (with its file and line: `DataSourceSpec.row_name`); by default 'dataset row i'."""
+    where = where or (lambda index: f"{label} row {index}")
     examples, dropped = [], 0
     for index, row in enumerate(rows):
-        example = encode_sft_row(dict(row), tokenizer, config, f"{label} row {index}")
+        example = encode_sft_row(dict(row), tokenizer, config, RowName(where, index))
         if any(example.loss_mask):
             examples.append(example)
         else:

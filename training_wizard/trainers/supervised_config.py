@@ -32,6 +32,10 @@ class SupervisedConfig(RunConfig):
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward: less memory, "
                                          "about a third more compute.")
+    extra_roles: list[str] = Field(
+        default_factory=list, description="Roles besides system, user and assistant that conversational rows may use "
+        "(e.g. 'tool'), for a chat template that renders them."
+    )
 
     def supervised_plan(self, world_size: int, rows: int) -> SupervisedPlan:
         """Examples per step and the number of steps, derived once."""
