@@ -113,6 +113,15 @@ def test_delta_caps_the_ratio_of_a_negative_advantage():
     assert abs(float(capped.per_token.detach()) - 1.5) < 1e-6 and float(lp.grad) == 0.0
 
 
+def test_upper_clip_share_is_measured_after_the_delta_cap():
+    """r = e^0.5 = 1.6487 with A = +1 and epsilon_high 0.2: clipped above 1.2. A delta of 1.1 caps r first (TRL
+    takes clip_ratio/high_mean on the capped ratio), and 1.1 is inside the bound: not counted as clipped."""
+    lp, old, mask, advantage = torch.tensor([[-0.5]]), torch.tensor([[-1.0]]), torch.tensor([[True]]), torch.tensor([1.0])
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions()).high_clipped.tolist() == [[True]]
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions(delta=1.5)).high_clipped.tolist() == [[True]]
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions(delta=1.1)).high_clipped.tolist() == [[False]]
+
+
 def test_sequence_level_ratio_by_hand():
     out, loss, grad = loss_and_grad(GRPOLossOptions(loss_type="grpo", importance_sampling_level="sequence"))
     # s_0 = exp(mean(0, 0.2, -0.2)) = 1, s_1 = exp(mean(0, -0.3)) = e^-0.15 = 0.860708, both inside [0.8, 1.2]

@@ -135,8 +135,10 @@ def per_token_loss(
         clipped = torch.clamp(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
         unclipped = ratio if options.delta is None else torch.clamp(ratio, max=options.delta)
         loss = -torch.min(unclipped * gain, clipped * gain)
-        low_clipped = (ratio.detach() < 1.0 - options.epsilon) & (gain < 0)
-        high_clipped = (ratio.detach() > 1.0 + options.upper) & (gain > 0)
+        # measured on the ratio after the delta cap, as TRL's clip_ratio metrics are: a ratio the cap holds below
+        # 1 + epsilon_high is not clipped by the upper bound
+        low_clipped = (unclipped.detach() < 1.0 - options.epsilon) & (gain < 0)
+        high_clipped = (unclipped.detach() > 1.0 + options.upper) & (gain > 0)
     else:
         raise ValueError(f"unknown loss_type {options.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
     if token_weights is not None:
