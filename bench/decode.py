@@ -54,7 +54,7 @@ def worker(args) -> None:
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.01)
     encoded = tokenizer(PROMPTS[:PROMPTS_PER_ITERATION] * K, return_tensors="pt", padding=True)
-    params = GenerationParams(args.length, 1.0, None, tokenizer.pad_token_id)
+    params = GenerationParams(args.length, 1.0, (), tokenizer.pad_token_id)
     seeds = list(range(PROMPTS_PER_ITERATION * K))
     seconds = []
     for repeat in range(args.repeats + 1):

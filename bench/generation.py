@@ -35,7 +35,7 @@ def main() -> None:
             for i in range(args.batch)]
     prompts = EncodedPrompts.from_rows(rows, tokenizer)
     ids, mask = prompts.left_pad(list(range(args.batch)), tokenizer.pad_token_id)
-    params = GenerationParams(args.new_tokens, 0.5, None, tokenizer.pad_token_id)
+    params = GenerationParams(args.new_tokens, 0.5, (), tokenizer.pad_token_id)
 
     def ours() -> None:
         generate(model, ids, mask, params, row_seeds=list(range(args.batch)))

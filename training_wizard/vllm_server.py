@@ -5,7 +5,7 @@ A small HTTP API (JSON, standard library server; one request at a time, as the e
 
   GET  /health               {"model": name, "config": the model's transformers config, "max_model_len": n}
   POST /generate             {"prompts": [[token ids]], "seeds": [int], "max_tokens", "temperature",
-                              "stop_token_id", "options"} -> {"tokens": [[ids]], "logprobs": [[float]]}
+                              "stop_token_ids", "options"} -> {"tokens": [[ids]], "logprobs": [[float]]}
   POST /update_weights       body: safetensors bytes of checkpoint-named tensors, loaded in place
   POST /reset_prefix_cache   after the last weight batch of a push
 
@@ -72,7 +72,7 @@ class Engine:
         from training_wizard.rollout.vllm import sampled_rows, sampling_params
 
         params = GenerationParams(int(request["max_tokens"]), float(request["temperature"]),
-                                  request.get("stop_token_id"), 0)
+                                  tuple(int(t) for t in request.get("stop_token_ids") or ()), 0)
         per_row = [sampling_params(self.vllm, params, seed, request.get("options") or {}) for seed in request["seeds"]]
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in request["prompts"]]
         rows = sampled_rows(self.llm.generate(prompts, per_row, use_tqdm=False))

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `examples.rloo.reward_spec` as the recipes name it
 
 from training_wizard.recipes.base import load_recipe  # noqa: E402
-from training_wizard.rollout.generation import GenerationParams, generate  # noqa: E402
+from training_wizard.core.masking import is_stop_token  # noqa: E402
+from training_wizard.rollout.generation import GenerationParams, default_stop_token_ids, generate  # noqa: E402
 from training_wizard.rollout.prompts import prompt_text, render_prompt, row_seed  # noqa: E402
 
 
@@ -35,10 +36,11 @@ def sample_two(model, tokenizer, prompts: list, seed: int, max_new_tokens: int):
     width = max(len(ids) for ids in encoded)
     ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(x)) + x for x in encoded])
     mask = torch.tensor([[False] * (width - len(x)) + [True] * len(x) for x in encoded])
-    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_id=tokenizer.eos_token_id,
+    stop = default_stop_token_ids(tokenizer, model)  # as the trainer's: the tokenizer's EOS and the model's list
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=stop,
                               pad_token_id=tokenizer.pad_token_id)
     tokens = generate(model, ids, mask, params, [row_seed(seed, 0, slot) for slot in range(len(encoded))])
-    ended = (tokens == tokenizer.eos_token_id).any(-1).tolist()
+    ended = is_stop_token(tokens, stop).any(-1).tolist()
     texts = tokenizer.batch_decode(tokens, skip_special_tokens=True)
     return texts, ended
 

@@ -72,7 +72,7 @@ def test_k3_is_nonnegative_and_zero_when_equal():
 
 def test_truncate_after_stop_keeps_stop_token_and_masks_the_rest():
     responses = torch.tensor([[5, 9, 2, 7], [4, 4, 4, 4], [2, 1, 1, 1]])
-    out, mask, has_stop = truncate_after_stop(responses, stop_token_id=2, pad_token_id=0)
+    out, mask, has_stop = truncate_after_stop(responses, stop_token_ids=(2,), pad_token_id=0)
     assert out.tolist() == [[5, 9, 2, 0], [4, 4, 4, 4], [2, 0, 0, 0]]
     assert mask.tolist() == [[True, True, True, False], [True] * 4, [True, False, False, False]]
     assert has_stop.tolist() == [True, False, True]

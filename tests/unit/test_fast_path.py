@@ -77,7 +77,7 @@ def test_logprobs_from_sampling_skips_one_forward_pass_per_iteration(tokenizer, 
 
 def test_k_samples_of_a_prompt_share_one_prefill_and_draw_what_they_drew_alone(tokenizer):
     model = build_causal_lm(tokenizer, seed=1).eval()
-    params = GenerationParams(max_new_tokens=5, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens=5, temperature=1.0, stop_token_ids=(), pad_token_id=tokenizer.pad_token_id)
     ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now"] * 3)
     first, copies = distinct_rows(ids, mask)
     assert first.tolist() == [0, 1] and copies.tolist() == [0, 1, 0, 1, 0, 1]
@@ -110,7 +110,7 @@ def test_the_decode_cache_written_in_place_changes_no_draw(tokenizer, monkeypatc
     from training_wizard.rollout import generation
 
     model = build_causal_lm(tokenizer, seed=1).eval()
-    params = GenerationParams(max_new_tokens=7, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens=7, temperature=1.0, stop_token_ids=(), pad_token_id=tokenizer.pad_token_id)
     ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now"] * 2)
     in_place = record_in_place_writes(monkeypatch)
     written = sample(model, ids, mask, params, row_seeds=list(range(4)))
@@ -131,7 +131,7 @@ def sliding_window_model(tokenizer):
 
 def test_a_sliding_window_cache_grows_as_transformers_grows_it(tokenizer, monkeypatch):
     model = sliding_window_model(tokenizer)
-    params = GenerationParams(max_new_tokens=6, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_token_id=tokenizer.pad_token_id)
     ids, mask = left_padded(tokenizer, ["Write something about the sea shore", "Paraphrase"] * 2)
     in_place = record_in_place_writes(monkeypatch)
     drawn = sample(model, ids, mask, params, row_seeds=list(range(4)))
@@ -162,7 +162,7 @@ def test_rows_that_stopped_leave_the_decode_and_the_others_draw_what_they_drew_b
     model = build_causal_lm(tokenizer, seed=1).eval() if make_model == "plain" else sliding_window_model(tokenizer)
     stop = tokenizer.eos_token_id
     likely_to_stop(model, stop)
-    params = GenerationParams(max_new_tokens=12, temperature=1.0, stop_token_id=stop, pad_token_id=tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens=12, temperature=1.0, stop_token_ids=(stop,), pad_token_id=tokenizer.pad_token_id)
     ids, mask = left_padded(tokenizer, ["Write something", "Paraphrase the sentence now", "Hello"] * 6)
     sizes, hook = decode_batch_sizes(model)
     dropping = sample(model, ids, mask, params, row_seeds=list(range(18)))

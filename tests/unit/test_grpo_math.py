@@ -113,6 +113,15 @@ def test_delta_caps_the_ratio_of_a_negative_advantage():
     assert abs(float(capped.per_token.detach()) - 1.5) < 1e-6 and float(lp.grad) == 0.0
 
 
+def test_upper_clip_share_is_measured_after_the_delta_cap():
+    """r = e^0.5 = 1.6487 with A = +1 and epsilon_high 0.2: clipped above 1.2. A delta of 1.1 caps r first (TRL
+    takes clip_ratio/high_mean on the capped ratio), and 1.1 is inside the bound: not counted as clipped."""
+    lp, old, mask, advantage = torch.tensor([[-0.5]]), torch.tensor([[-1.0]]), torch.tensor([[True]]), torch.tensor([1.0])
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions()).high_clipped.tolist() == [[True]]
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions(delta=1.5)).high_clipped.tolist() == [[True]]
+    assert per_token_loss(lp, old, advantage, mask, GRPOLossOptions(delta=1.1)).high_clipped.tolist() == [[False]]
+
+
 def test_sequence_level_ratio_by_hand():
     out, loss, grad = loss_and_grad(GRPOLossOptions(loss_type="grpo", importance_sampling_level="sequence"))
     # s_0 = exp(mean(0, 0.2, -0.2)) = 1, s_1 = exp(mean(0, -0.3)) = e^-0.15 = 0.860708, both inside [0.8, 1.2]
@@ -256,3 +265,21 @@ def test_dynamic_sampling_leaves_constant_groups_out_of_the_loss_and_the_token_c
     assert torch.equal(kept.loss_mask, mask) and torch.equal(kept.advantages, shaped.advantages)
     # the token count a dapo step divides by is the loss mask's: prompt 0's 3 tokens, not all 9 real ones
     assert int(shaped.loss_mask.sum()) == 3 and int(mask.sum()) == 9
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_dynamic_sampling_drops_constant_groups_from_every_loss_types_divisor(loss_type):
+    """Prompt 1's group {2, 2} is dropped: the step's loss must equal the loss of prompt 0's group alone. Before,
+    grpo and dr_grpo still divided by all 4 sequences (the dropped ones counted as zero-loss sequences)."""
+    scores = torch.tensor([1.0, 2.0, 0.0, 2.0])
+    per_token = torch.tensor([[0.3, -0.2, 9.0], [0.5, 0.1, 0.4], [0.7, 9.0, 9.0], [0.2, -0.6, 0.1]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
+    lp = torch.zeros(4, 3)
+    shaped = grpo_shaped_rewards(scores, lp, lp, mask, torch.ones(4, dtype=torch.bool), 2, drop_constant_groups=True)
+    kept = shaped.kept_rows
+    assert kept.tolist() == [True, False, True, False]
+    tokens = float(shaped.loss_mask.sum())
+    step = StepTokens(tokens, tokens, 1, 1, world_rows=float(kept.sum()))
+    dropped = aggregate_loss(per_token, shaped.loss_mask, loss_type, step, 3)
+    alone = aggregate_loss(per_token[kept], mask[kept], loss_type, StepTokens(tokens, tokens, 1, 1), 3)
+    torch.testing.assert_close(dropped, alone)

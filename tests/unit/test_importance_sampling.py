@@ -93,3 +93,20 @@ def test_vllm_keys_take_trls_names_and_defaults():
     assert config.vllm_server_port == 8000 and config.vllm_server_timeout == 240.0
     with pytest.raises(ValueError, match="logprobs must come from the training forward pass"):
         RLOOConfig(use_vllm=True, logprobs_from_sampling=True)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask"])
+def test_a_token_modes_sequence_weight_stays_within_the_bounds(mode):
+    """1000 completions of 256 tokens, each token's sampler logprob 0.02 below the training pass's (a bf16-sized
+    gap): every token weight is e^0.02 < 3, but their product over a completion is e^5.1 = 166; the sequence
+    weight RLOO's sequence loss uses must stay within [clip_min, clip_max] all the same."""
+    generator = torch.Generator().manual_seed(0)
+    old = -torch.rand(1000, 256, generator=generator)
+    mask = torch.ones(1000, 256, dtype=torch.bool)
+    mask[:, 200:] = torch.rand(1000, 56, generator=generator) < 0.5  # ragged lengths, padding inside
+    out = sampling_correction_weights(old, old - 0.02, mask, mode, None, 3.0)
+    assert float(out.token.max()) <= 3.0
+    if mode == "token_truncate":
+        assert float(out.sequence.max()) == 3.0 and float(out.sequence.min()) > 0
+    else:
+        assert float(out.sequence.max()) == 0.0  # every product is above 3: masked

@@ -106,3 +106,23 @@ def test_recipe_learns_a_preference_and_its_model_is_a_reward_spec_and_a_value_m
                              policy_tokenizer)
     reward_model, _ = spec.load()
     assert torch.equal(value.score.weight, reward_model.score.weight) and value.score.weight.abs().sum() > 0
+
+
+def test_pairs_longer_than_max_length_are_left_out_not_cut(tokenizer):
+    """TRL's RewardTrainer filters pairs over max_length. Cutting them instead made a long prompt's chosen and
+    rejected the same tokens (no signal, still averaged in)."""
+    from training_wizard.trainers.reward_model import encode_pairs
+
+    long_prompt = "word " * 40
+    rows = [{"prompt": "Say: ", "chosen": "the sun", "rejected": "a dog"},
+            {"prompt": long_prompt, "chosen": "the sun", "rejected": "a dog"},
+            {"prompt": "Hi ", "chosen": "yes", "rejected": "no"}]
+    config = RewardConfig(max_length=16)
+    pairs, too_long = encode_pairs(rows, tokenizer, config)
+    assert too_long == [1] and len(pairs) == 2
+    assert pairs[1].chosen == encode_pair(rows[2], tokenizer, config).chosen
+    assert all(max(len(p.chosen), len(p.rejected)) <= 16 for p in pairs)
+    kept, none_dropped = encode_pairs(rows, tokenizer, RewardConfig(max_length=None))
+    assert none_dropped == [] and len(kept[1].chosen) > 16 and kept[1].chosen != kept[1].rejected
+    with pytest.raises(UserError, match="all 1 are longer than training.max_length"):
+        encode_pairs(rows[1:2], tokenizer, config)

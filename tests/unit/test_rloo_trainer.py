@@ -92,7 +92,7 @@ def test_equal_rewards_leave_weights_unchanged_and_finite(tokenizer, tmp_path):
 
 def test_sampling_is_keyed_per_row_not_per_batch(tokenizer):
     model = build_causal_lm(tokenizer).eval()
-    params = GenerationParams(max_new_tokens=6, temperature=1.0, stop_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_token_id=tokenizer.pad_token_id)
     a = tokenizer("Write something", return_tensors="pt")["input_ids"]
     b = tokenizer("Paraphrase the sentence now", return_tensors="pt")["input_ids"]
     pad = tokenizer.pad_token_id

@@ -41,9 +41,10 @@ def encoded(tokenizer, rows):
     return prompts.left_pad(rows, tokenizer.pad_token_id)
 
 
-def sample_rows(backend, model, tokenizer, rows, temperature=1.0, seeds=None, max_new_tokens=12):
+def sample_rows(backend, model, tokenizer, rows, temperature=1.0, seeds=None, max_new_tokens=12, stop_token_ids=None):
     ids, mask = encoded(tokenizer, rows)
-    params = GenerationParams(max_new_tokens, temperature, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    params = GenerationParams(max_new_tokens, temperature, stop_token_ids or (tokenizer.eos_token_id,),
+                              tokenizer.pad_token_id)
     seeds = seeds if seeds is not None else [row_seed(3, 0, row) for row in rows]
     return ids, mask, sample_completions(backend, model, ids, mask, params, seeds)
 
@@ -136,3 +137,20 @@ def test_sleep_mode_is_refused_on_cpu(model):
     with pytest.raises(UserError, match="vllm_enable_sleep_mode: vLLM has no sleep mode on CPU"):
         VLLMColocateBackend(model, max_model_len=128, seed=0, gpu_memory_utilization=0.3, tensor_parallel_size=1,
                             sleep_mode=True, world_size=1, sampling_options={})
+
+
+def test_a_completion_ends_at_any_of_the_stop_ids(backend, model, tokenizer):
+    """As the decode loop (tests/unit/test_stop_tokens.py): sampled again with the same keys and a token the first
+    row drew as a second stop id, every row keeps its tokens up to its first stop of either kind and ends there."""
+    backend.weights_changed()
+    rows = list(range(len(PROMPTS)))
+    _, _, alone = sample_rows(backend, model, tokenizer, rows)
+    first_row = alone.responses[0][alone.mask[0]].tolist()
+    assert len(first_row) >= 4
+    second = first_row[2]
+    _, _, both = sample_rows(backend, model, tokenizer, rows, stop_token_ids=(tokenizer.eos_token_id, second))
+    for row in rows:
+        kept = alone.responses[row][alone.mask[row]].tolist()
+        cut = next((i for i, t in enumerate(kept) if t in (tokenizer.eos_token_id, second)), len(kept) - 1)
+        assert both.responses[row][both.mask[row]].tolist() == kept[: cut + 1]
+    assert bool(both.has_stop[0])

@@ -75,7 +75,7 @@ def dataset():
 def test_the_server_samples_what_the_colocated_engine_samples(server, tokenizer):
     model = vllm_sized_model(tokenizer).eval()
     ids, mask = EncodedPrompts.from_rows(dataset(), tokenizer).left_pad(list(range(8)), tokenizer.pad_token_id)
-    params = GenerationParams(8, 0.8, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    params = GenerationParams(8, 0.8, (tokenizer.eos_token_id,), tokenizer.pad_token_id)
     seeds = [row_seed(1, 0, i) for i in range(8)]
     remote = VLLMServerBackend(model, base_url=server, timeout=30, push=True, barrier=lambda: None,
                                sampling_options={})

@@ -158,7 +158,7 @@ def test_sampling_filters_reach_vllm(tokenizer, tmp_path):
     backend = VLLMColocateBackend(model, max_model_len=128, seed=0, gpu_memory_utilization=0.3, tensor_parallel_size=1,
                                   sleep_mode=False, world_size=1, sampling_options={"top_k": 3})
     ids, mask = EncodedPrompts.from_rows(prompts(8), tokenizer).left_pad(list(range(8)), tokenizer.pad_token_id)
-    params = GenerationParams(6, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    params = GenerationParams(6, 1.0, (tokenizer.eos_token_id,), tokenizer.pad_token_id)
     out = sample_completions(backend, model, ids, mask, params, [row_seed(2, 0, i) for i in range(8)])
     with torch.no_grad():
         logits = model(torch.cat([ids, out.responses], 1), attention_mask=torch.cat([mask, out.mask], 1).long()).logits

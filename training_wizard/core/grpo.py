@@ -135,8 +135,10 @@ def per_token_loss(
         clipped = torch.clamp(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
         unclipped = ratio if options.delta is None else torch.clamp(ratio, max=options.delta)
         loss = -torch.min(unclipped * gain, clipped * gain)
-        low_clipped = (ratio.detach() < 1.0 - options.epsilon) & (gain < 0)
-        high_clipped = (ratio.detach() > 1.0 + options.upper) & (gain > 0)
+        # measured on the ratio after the delta cap, as TRL's clip_ratio metrics are: a ratio the cap holds below
+        # 1 + epsilon_high is not clipped by the upper bound
+        low_clipped = (unclipped.detach() < 1.0 - options.epsilon) & (gain < 0)
+        high_clipped = (unclipped.detach() > 1.0 + options.upper) & (gain > 0)
     else:
         raise ValueError(f"unknown loss_type {options.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
     if token_weights is not None:
@@ -162,6 +164,7 @@ class StepTokens:
     world: float
     accumulation_steps: int
     processes: int
+    world_rows: float | None = None  # with dynamic_sampling: the step's rows left in the loss, on every process
 
 
 def aggregate_loss(
@@ -178,12 +181,19 @@ def aggregate_loss(
     - bnpo: the same with this process's mini-batch token count (TRL's bnpo divides by the micro-batch's count, so
       its gradient changes with the accumulation split; this one does not, and with one process equals dapo).
     grpo and dr_grpo are means over equal-sized micro-batches, so plain averaging already gives the full batch.
+    With `step.world_rows` (dynamic_sampling) their sequence count is the step's rows left in the loss instead: a
+    dropped group weighs nothing and does not dilute the others, under every loss_type.
     """
     total = masked_sum(per_token, mask).sum()
+    rows_scale = (None if step.world_rows is None
+                  else step.accumulation_steps * step.processes / max(step.world_rows, 1.0))
     if loss_type == "grpo":
-        return masked_mean(per_token, mask, dim=-1).mean()
+        per_sequence = masked_mean(per_token, mask, dim=-1)  # a dropped row's is 0
+        return per_sequence.mean() if rows_scale is None else per_sequence.sum() * rows_scale
     if loss_type == "dr_grpo":
-        return total / (per_token.shape[0] * max_completion_length)
+        if rows_scale is None:
+            return total / (per_token.shape[0] * max_completion_length)
+        return total * rows_scale / max_completion_length
     if loss_type in ("dapo", "cispo"):
         return total * (step.accumulation_steps * step.processes) / max(step.world, 1.0)
     if loss_type == "bnpo":
@@ -210,6 +220,7 @@ class GRPOShapedRewards(ShapedRewards):
 
     std_is_zero: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    kept_rows: torch.Tensor | None = None  # (B,) bool under dynamic_sampling: the rows left in the loss
 
 
 def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -239,9 +250,10 @@ def grpo_shaped_rewards(
     advantages, std_is_zero = group_advantages(scores, group_size, scale_rewards, moments)
     kl = masked_sum(kl_per_token(logprobs, ref_logprobs, "k3"), mask)
     loss_mask = truncation_mask(mask, has_stop) if mask_truncated_completions else mask
-    if drop_constant_groups:
-        loss_mask = loss_mask & ~constant_groups(scores, group_size).unsqueeze(-1)
+    kept_rows = ~constant_groups(scores, group_size) if drop_constant_groups else None
+    if kept_rows is not None:
+        loss_mask = loss_mask & kept_rows.unsqueeze(-1)
     return GRPOShapedRewards(
         advantages=advantages, kl=kl, non_score_reward=torch.zeros_like(scores), rlhf_reward=scores,
-        std_is_zero=std_is_zero, loss_mask=loss_mask, ref_logprobs=ref_logprobs,
+        std_is_zero=std_is_zero, loss_mask=loss_mask, ref_logprobs=ref_logprobs, kept_rows=kept_rows,
     )

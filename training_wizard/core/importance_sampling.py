@@ -12,6 +12,9 @@ Training", Yao et al. 2025):
     *_truncate:      w <- clamp(w, clip_min, clip_max)                         (truncated importance sampling)
     *_mask:          w <- w where clip_min <= w <= clip_max, else 0           (masked importance sampling)
 
+Where the whole completion is one action (RLOO's sequence loss) a token mode weighs it by the product of its
+bounded token weights, bounded once more the same way: every weight stays within [clip_min, clip_max].
+
 A bound given as None is not applied. The weights carry no gradient.
 """
 
@@ -32,7 +35,8 @@ IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("token_truncate", "token_mask", "s
 class ImportanceWeights:
     """token: (B, T) weight of each token's loss term (a sequence mode repeats its sequence weight on every token;
     0 where mask is False); sequence: (B,) weight of each completion's loss term when the whole completion is one
-    action (a token mode multiplies the bounded per-token weights of the completion's real tokens); raw: the
+    action (a token mode multiplies the bounded per-token weights of the completion's real tokens and bounds the
+    product again); raw: the
     unbounded ratios, (B, T) in token modes and (B,) in sequence modes, for the metrics."""
 
     token: torch.Tensor
@@ -60,8 +64,11 @@ def sampling_correction_weights(
     if per_sequence:
         return ImportanceWeights(token=bounded.unsqueeze(-1) * real, sequence=bounded, raw=raw)
     token = bounded * real
-    # the product over real tokens; padding counts as a factor 1
-    sequence = torch.where(mask, bounded, torch.ones_like(bounded)).prod(dim=-1)
+    # The product over real tokens (padding counts as a factor 1), bounded again: a product of bounded factors is
+    # not bounded (256 tokens each at most 3 can multiply to any size), and a sequence loss must not weigh one
+    # completion by more than the mode allows a single ratio.
+    product = torch.where(mask, bounded, torch.ones_like(bounded)).prod(dim=-1)
+    sequence = _bound(product, mode.endswith("truncate"), clip_min, clip_max)
     return ImportanceWeights(token=token, sequence=sequence, raw=raw)
 
 

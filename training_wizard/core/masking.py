@@ -15,19 +15,25 @@ def first_true_index(flags: torch.Tensor) -> torch.Tensor:
     return torch.where(flags, positions, torch.full_like(positions, length)).min(dim=-1).values
 
 
+def is_stop_token(tokens: torch.Tensor, stop_token_ids: tuple[int, ...]) -> torch.Tensor:
+    """Whether each token is one of the stop tokens. tokens: any shape -> bool of that shape."""
+    return torch.isin(tokens, torch.tensor(stop_token_ids, dtype=tokens.dtype, device=tokens.device))
+
+
 def truncate_after_stop(
-    responses: torch.Tensor, stop_token_id: int | None, pad_token_id: int
+    responses: torch.Tensor, stop_token_ids: tuple[int, ...], pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Keep each response up to and including its first stop token; pad and mask what follows.
+    """Keep each response up to and including its first stop token (any of `stop_token_ids`: chat models end a
+    turn with one of several, as Llama-3's <|eot_id|> or <|end_of_text|>); pad and mask what follows.
 
     responses: (B, T) token ids as sampled. Returns (responses (B, T) with pad after the stop token,
     mask (B, T) bool, True = real token, the stop token included; has_stop (B,) bool).
-    With `stop_token_id=None` nothing is truncated, every token is real, and has_stop is all False.
+    With no stop token nothing is truncated, every token is real, and has_stop is all False.
     """
-    if stop_token_id is None:
+    if not stop_token_ids:
         mask = torch.ones_like(responses, dtype=torch.bool)
         return responses, mask, torch.zeros(responses.shape[0], dtype=torch.bool, device=responses.device)
-    stop_at = first_true_index(responses == stop_token_id)
+    stop_at = first_true_index(is_stop_token(responses, stop_token_ids))
     positions = torch.arange(responses.shape[1], device=responses.device).unsqueeze(0)
     mask = positions <= stop_at.unsqueeze(1)
     truncated = torch.where(mask, responses, torch.full_like(responses, pad_token_id))

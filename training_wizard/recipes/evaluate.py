@@ -155,13 +155,13 @@ class EvaluateRecipe(Recipe):
     def _completions(self, spec: TransformerSpec, rows: list[dict[str, Any]]) -> Completions:
         """One completion per row from the model `spec` names, in batches, keyed by row."""
         from training_wizard.rollout.backends import DecodeLoopBackend, sample_completions
-        from training_wizard.rollout.generation import GenerationParams
+        from training_wizard.rollout.generation import GenerationParams, default_stop_token_ids
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 
         tokenizer = spec.load_tokenizer()
         model = spec.load_causal_lm(self.dtype, tokenizer).eval()
         encoded = EncodedPrompts.from_rows(rows, tokenizer)
-        pad, stop = tokenizer.pad_token_id, tokenizer.eos_token_id
+        pad, stop = tokenizer.pad_token_id, default_stop_token_ids(tokenizer, model)
         params = GenerationParams(self.response_length, self.temperature, stop, pad)
         backend = DecodeLoopBackend(self.batch_size)
         result = Completions(spec.pretrained_name, encoded.queries, encoded.prompts, tokenizer)

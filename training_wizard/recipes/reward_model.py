@@ -29,11 +29,17 @@ class RewardModelRecipe(SupervisedRecipe):
         from training_wizard.trainers.reward_model import encode_pairs, identical_pairs
 
         where = self.row_names(label)
-        pairs = encode_pairs(rows, tokenizer, config, label, where)
+        pairs, too_long = encode_pairs(rows, tokenizer, config, label, where)
+        if too_long:
+            console.print(f"note: {label}: {len(too_long)} pair(s) longer than training.max_length "
+                          f"({config.max_length} tokens) were left out, as TRL's RewardTrainer does (first: "
+                          f"{where(too_long[0])})", markup=False, highlight=False, soft_wrap=True)
+        left_out = set(too_long)
+        row_of = [index for index in range(len(pairs) + len(too_long)) if index not in left_out]  # pair -> row
         same = identical_pairs(pairs)
         if same:  # kept: dropping them would change what a run trains on; said once, not per row
             console.print(f"warning: {label}: {len(same)} pair(s) have identical chosen and rejected (first: "
-                          f"{where(same[0])}); they carry no preference signal", markup=False, highlight=False,
+                          f"{where(row_of[same[0]])}); they carry no preference signal", markup=False, highlight=False,
                           soft_wrap=True)
         return pairs
 

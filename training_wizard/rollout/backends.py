@@ -104,6 +104,6 @@ def sample_completions(backend: GenerationBackend, model: torch.nn.Module, promp
     generated = backend.sample(model, prompt_ids, prompt_mask, params, row_seeds, sharded, all_finished)
     width = generated.tokens.shape[1] if agree_width is None else agree_width(generated.tokens.shape[1])
     generated = join_generated([generated], params.pad_token_id, width)
-    responses, mask, has_stop = truncate_after_stop(generated.tokens, params.stop_token_id, params.pad_token_id)
+    responses, mask, has_stop = truncate_after_stop(generated.tokens, params.stop_token_ids, params.pad_token_id)
     logprobs = torch.where(mask, generated.logprobs, torch.zeros_like(generated.logprobs))
     return Completions(responses, mask, has_stop, logprobs)

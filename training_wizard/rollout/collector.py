@@ -39,7 +39,7 @@ class SamplingSettings:
 
     response_length: int
     temperature: float
-    stop_token_id: int | None
+    stop_token_ids: tuple[int, ...]  # a completion ends at the first of any; () = no stop token
     pad_token_id: int
     forward_batch_size: int  # local_rollout_forward_batch_size
     missing_eos_penalty: float | None = None  # subtracted from the score of a completion without the stop token
@@ -146,7 +146,7 @@ class RolloutCollector:
                             if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
             extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
-        if settings.stop_token_id is None and self.tokenizer.eos_token_id is not None:
+        if not settings.stop_token_ids and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
         texts = self.tokenizer.batch_decode(
             torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
@@ -166,7 +166,7 @@ class RolloutCollector:
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:
         """Completions (B, T) truncated after the stop token, from the generation backend."""
         settings = self.settings
-        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_id,
+        params = GenerationParams(settings.response_length, settings.temperature, settings.stop_token_ids,
                                   settings.pad_token_id, settings.filters)
         return sample_completions(
             self.backend, engine.model, prompt_ids, prompt_mask, params, seeds, sharded=engine.sharded,

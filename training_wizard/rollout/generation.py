@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from training_wizard.core.masking import is_stop_token
 from training_wizard.rollout.sampling import SamplingFilters, greedy_with_logprobs, sample_with_logprobs
 
 
@@ -21,9 +22,23 @@ from training_wizard.rollout.sampling import SamplingFilters, greedy_with_logpro
 class GenerationParams:
     max_new_tokens: int
     temperature: float
-    stop_token_id: int | None
+    stop_token_ids: tuple[int, ...]  # a completion ends at the first of any of them; () = run to max_new_tokens
     pad_token_id: int
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty (rollout/sampling.py)
+
+
+def default_stop_token_ids(tokenizer, model) -> tuple[int, ...]:
+    """The tokens that end a completion by default, as TRL's: the tokenizer's EOS, then every id of the model's
+    `generation_config.eos_token_id`. Chat models list several there (Llama-3 Instruct: <|eot_id|>, <|eom_id|>,
+    <|end_of_text|>; Qwen2.5 Instruct: <|im_end|>, <|endoftext|>); a turn ended by any of them is complete, and
+    what a model writes after it is never trained on."""
+    ids: list[int] = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's own config
+    listed = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
+    for token in [listed] if isinstance(listed, int) else list(listed or []):
+        if int(token) not in ids:
+            ids.append(int(token))
+    return tuple(ids)
 
 
 def last_positions(end: int, count: int, device) -> torch.Tensor:
@@ -120,8 +135,8 @@ def sample(
         logprob = torch.where(finished, torch.zeros_like(logprob), logprob)
         tokens.append(token)
         logprobs.append(logprob)
-        if params.stop_token_id is not None:
-            finished |= token == params.stop_token_id
+        if params.stop_token_ids:
+            finished |= is_stop_token(token, params.stop_token_ids)
         done = bool(finished.all())
         if all_finished is not None:
             done = all_finished(done)

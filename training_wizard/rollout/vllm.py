@@ -90,9 +90,9 @@ def check_engine_can_run(model_config, sleep_mode: bool) -> None:
 
 
 def sampling_params(vllm, params: GenerationParams, seed: int, options: dict[str, Any]):
-    """vLLM SamplingParams for one row: our stop token exactly (the model's own EOS list is ignored), the row's
-    sampling key as seed, and the sampled token's logprob."""
-    stop = [params.stop_token_id] if params.stop_token_id is not None else None
+    """vLLM SamplingParams for one row: our stop tokens exactly (the model's own EOS list is ignored: the trainer
+    already put it in), the row's sampling key as seed, and the sampled token's logprob."""
+    stop = list(params.stop_token_ids) or None
     return vllm.SamplingParams(
         n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, seed=int(seed), logprobs=0,
         stop_token_ids=stop, ignore_eos=True, detokenize=False, skip_special_tokens=False, **options,
@@ -314,7 +314,7 @@ class VLLMServerBackend(_EngineOwnWeights):
             "prompts": prompt_token_lists(prompt_ids, prompt_mask),
             "seeds": [int(seed) for seed in row_seeds],
             "max_tokens": params.max_new_tokens, "temperature": params.temperature,
-            "stop_token_id": params.stop_token_id, "options": self.sampling_options,
+            "stop_token_ids": list(params.stop_token_ids), "options": self.sampling_options,
         }
         answer = self._call("POST", "/generate", json.dumps(payload).encode())
         rows = list(zip(answer["tokens"], answer["logprobs"]))

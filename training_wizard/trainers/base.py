@@ -33,6 +33,7 @@ from training_wizard.core.kl import kl_per_token
 from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
+from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
 from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import response_token_logprobs
@@ -152,7 +153,7 @@ class OnPolicyTrainer(UpdateLoop):
         config = self.config
         return SamplingSettings(
             response_length=config.response_length, temperature=config.temperature,
-            stop_token_id=self._stop_token_id(), pad_token_id=self.tokenizer.pad_token_id,
+            stop_token_ids=self._stop_token_ids(), pad_token_id=self.tokenizer.pad_token_id,
             forward_batch_size=config.local_rollout_forward_batch_size,
             missing_eos_penalty=config.missing_eos_penalty,
             gather_weights_for_generation=config.ds3_gather_for_generation,
@@ -162,14 +163,21 @@ class OnPolicyTrainer(UpdateLoop):
             reward_timeout=config.reward_timeout,
         )
 
-    def _stop_token_id(self) -> int | None:
-        if self.config.stop_token_id is not None:
-            return self.config.stop_token_id
-        if self.config.stop_token == "eos":
-            if self.tokenizer.eos_token_id is None:
-                raise UserError("training.stop_token: 'eos' but the tokenizer has no EOS token; set stop_token_id")
-            return self.tokenizer.eos_token_id
-        return None
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        """stop_token_ids, else stop_token_id, else with stop_token = "eos" the tokenizer's EOS and the ids of the
+        policy's generation_config.eos_token_id (TRL's default); () without a stop token."""
+        config = self.config
+        if config.stop_token_ids:
+            return tuple(config.stop_token_ids)
+        if config.stop_token_id is not None:
+            return (config.stop_token_id,)
+        if config.stop_token == "eos":
+            ids = default_stop_token_ids(self.tokenizer, self.unwrapped_policy)
+            if not ids:
+                raise UserError("training.stop_token: 'eos' but neither the tokenizer nor the model's generation "
+                                "config has an EOS token; set stop_token_ids")
+            return ids
+        return ()
 
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None) -> None:
         """trainers/setup.py prepares every model; its record becomes the trainer's public attributes."""

@@ -20,7 +20,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (
+    Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator,
+)
 
 from training_wizard.errors import UserError
 from training_wizard.trainers.run_config import (
@@ -99,10 +101,16 @@ class OnPolicyConfig(RunConfig):
         "the losses and the KL use the policy's own distribution at the temperature, as TRL does."
     )
     stop_token: Literal["eos"] | None = Field(
-        "eos", description='"eos": truncate each completion after its first EOS token and mask what follows.'
+        "eos", description='"eos": truncate each completion after its first stop token and mask what follows; the '
+        "stop tokens are the tokenizer's EOS and every id of the model's generation_config.eos_token_id (as TRL: "
+        "chat models list several, e.g. Llama-3's <|eot_id|> and <|end_of_text|>).",
     )
     stop_token_id: int | None = Field(
         None, ge=0, description="Truncate after this token id instead (takes precedence over stop_token)."
+    )
+    stop_token_ids: list[NonNegativeInt] | None = Field(
+        None, description="Truncate after the first of any of these token ids instead (takes precedence over "
+        "stop_token_id and stop_token).",
     )
     missing_eos_penalty: float | None = Field(
         None, description="Subtracted from the score of completions that end without the stop token (EOS trick)."
@@ -238,7 +246,7 @@ class OnPolicyConfig(RunConfig):
     def _truncation_needs_a_stop_token(self) -> OnPolicyConfig:
         """Without a stop token no completion is known to have ended, so every one would be masked: no loss at all."""
         masks = getattr(self, "mask_truncated_completions", False)  # RLOO's and GRPO's option
-        if masks and self.stop_token is None and self.stop_token_id is None:
+        if masks and self.stop_token is None and self.stop_token_id is None and not self.stop_token_ids:
             raise ValueError("mask_truncated_completions needs a stop token (stop_token = \"eos\" or stop_token_id): "
                              "without one every completion counts as truncated and nothing is trained")
         return self

@@ -60,13 +60,19 @@ class GRPOTrainer(OnPolicyTrainer):
 
     # -- step 7 ------------------------------------------------------------------------------------------------
     def step_token_counts(self, rollout: Rollout, shaped, order: torch.Tensor) -> list[StepTokens]:
-        """Loss tokens of each mini-batch of this epoch, on this process and over all: one all-reduce per epoch."""
+        """Loss tokens of each mini-batch of this epoch, on this process and over all, and under dynamic_sampling the
+        rows left in the loss over all: one all-reduce per epoch."""
         plan = self.plan
-        per_row = shaped.loss_mask.sum(-1).float()[order.to(shaped.loss_mask.device)]
+        device = shaped.loss_mask.device
+        per_row = shaped.loss_mask.sum(-1).float()[order.to(device)]
         local = per_row.reshape(-1, plan.local_mini_batch_size).sum(-1)
-        world = self.collectives.sum(local.to(self.accelerator.device))
-        return [StepTokens(float(mine), float(every), self.config.gradient_accumulation_steps, plan.world_size)
-                for mine, every in zip(local.tolist(), world.tolist())]
+        kept = shaped.kept_rows if shaped.kept_rows is not None else torch.ones_like(per_row, dtype=torch.bool)
+        rows = kept.float()[order.to(device)].reshape(-1, plan.local_mini_batch_size).sum(-1)
+        world, world_rows = self.collectives.sum(torch.stack([local, rows]).to(self.accelerator.device))
+        counted = shaped.kept_rows is not None
+        return [StepTokens(float(mine), float(every), self.config.gradient_accumulation_steps, plan.world_size,
+                           world_rows=float(step_rows) if counted else None)
+                for mine, every, step_rows in zip(local.tolist(), world.tolist(), world_rows.tolist())]
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
         config, mask = self.config, shaped["loss_mask"]

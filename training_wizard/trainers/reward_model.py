@@ -53,7 +53,8 @@ def _render(tokenizer, prompt: Any, completion: Any, where: str, key: str, extra
 
 def encode_pair(row: dict[str, Any], tokenizer, config: RewardConfig,
                 where: str | RowName = "dataset row 0") -> PreferencePair:
-    """One row as a PreferencePair; each text cut to max_length tokens. A null value counts as an absent column
+    """One row as a PreferencePair, whole (`encode_pairs` leaves out those over max_length). A null value counts as
+    an absent column
     (the datasets library gives every row of a file every key any row has, null where the row had none)."""
     row = {key: value for key, value in row.items() if value is not None}
     missing = [key for key in ("chosen", "rejected") if key not in row]
@@ -62,8 +63,6 @@ def encode_pair(row: dict[str, Any], tokenizer, config: RewardConfig,
                         f"'prompt', 'margin'); found: {', '.join(row) or 'none'}")
     prompt = row.get("prompt")
     ids = [_render(tokenizer, prompt, row[key], where, key, config.extra_roles) for key in ("chosen", "rejected")]
-    if config.max_length is not None:
-        ids = [x[: config.max_length] for x in ids]
     if not ids[0] or not ids[1]:
         raise UserError(f"{where}: an empty text; chosen and rejected must each have at least one token")
     margin = row.get("margin", 0.0)
@@ -73,18 +72,27 @@ def encode_pair(row: dict[str, Any], tokenizer, config: RewardConfig,
 
 
 def encode_pairs(rows, tokenizer, config: RewardConfig, label: str = "dataset",
-                 where: Callable[[int], str] | None = None) -> list[PreferencePair]:
-    """Every row as a PreferencePair, in order. `where(i)` names row i in messages (with its file and line:
-    `DataSourceSpec.row_name`); by default 'dataset row i'."""
+                 where: Callable[[int], str] | None = None) -> tuple[list[PreferencePair], list[int]]:
+    """Every row as a PreferencePair, in order, except those whose chosen or rejected is longer than max_length:
+    TRL's RewardTrainer filters them out, where cutting both would score two texts that may no longer differ (a
+    prompt longer than max_length leaves chosen == rejected). Returns (pairs, the rows left out). `where(i)` names
+    row i in messages (with its file and line: `DataSourceSpec.row_name`); by default 'dataset row i'."""
     where = where or (lambda index: f"{label} row {index}")
-    pairs = [encode_pair(dict(row), tokenizer, config, RowName(where, i)) for i, row in enumerate(rows)]
+    pairs, too_long = [], []
+    for index, row in enumerate(rows):
+        pair = encode_pair(dict(row), tokenizer, config, RowName(where, index))
+        if config.max_length is not None and max(len(pair.chosen), len(pair.rejected)) > config.max_length:
+            too_long.append(index)
+        else:
+            pairs.append(pair)
     if not pairs:
-        raise UserError(f"{label}: no preference pairs")
-    return pairs
+        more = f"; all {len(too_long)} are longer than training.max_length" if too_long else ""
+        raise UserError(f"{label}: no preference pairs{more}")
+    return pairs, too_long
 
 
 def identical_pairs(pairs: list[PreferencePair]) -> list[int]:
-    """Positions of the pairs whose chosen and rejected tokens are the same (as rendered and cut to max_length):
+    """Positions of the pairs whose chosen and rejected tokens are the same (as rendered):
     both score the same, so the loss has no preference to learn from them."""
     return [index for index, pair in enumerate(pairs) if pair.chosen == pair.rejected]
 

@@ -71,6 +71,10 @@ class RewardConfig(SupervisedConfig):
     """Reward-model training (TRL's RewardConfig names): the Bradley-Terry loss on chosen/rejected pairs."""
 
     learning_rate: PositiveFloat = Field(5e-5, description="Peak AdamW learning rate.")
+    max_length: PositiveInt | None = Field(
+        1024, description="Pairs whose chosen or rejected text is longer than this many tokens are left out (as "
+        "TRL's RewardTrainer filters them), and counted in a note; null keeps all."
+    )
     center_rewards_coefficient: NonNegativeFloat | None = Field(
         None, description="Weight of the term mean((r_chosen + r_rejected)^2), which keeps rewards centred on zero "
         "(Eisenstein et al. 2023; TRL's RewardConfig). null or 0: off."
