@@ -60,6 +60,12 @@ def test_conversational_prompt_completion_and_text_rows(tokenizer):
     assert example.loss_mask == [False] * len(context) + [True] * len(answer)
     text = encode_sft_row({"text": "the sun is a star"}, tokenizer, SFTConfig())
     assert text.loss_mask == [False] + [True] * (len(text.input_ids) - 1)
+    # a language-modelling row ends with EOS as TRL's SFTTrainer ends it (add_eos_token), once
+    assert text.input_ids == ids(tokenizer, "the sun is a star") + [tokenizer.eos_token_id]
+    ended = encode_sft_row({"text": "the sun is a star<|im_end|>"}, tokenizer, SFTConfig())
+    assert ended.input_ids == text.input_ids
+    bare = encode_sft_row({"text": "the sun is a star"}, tokenizer, SFTConfig(add_eos_token=False))
+    assert bare.input_ids == ids(tokenizer, "the sun is a star")
 
 
 def test_max_length_cuts_the_end_and_bad_rows_name_the_row(tokenizer):

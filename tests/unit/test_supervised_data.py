@@ -141,7 +141,7 @@ def test_sft_row_without_completion_names_its_line_and_the_column(tmp_path, monk
 def test_sft_rows_of_other_formats_with_null_columns_still_encode(tokenizer):
     text = encode_sft_row({"text": "the sun", "prompt": None, "completion": None, "messages": None}, tokenizer,
                           SFTConfig())
-    assert text.input_ids == tokenizer("the sun")["input_ids"]
+    assert text.input_ids == tokenizer("the sun")["input_ids"] + [tokenizer.eos_token_id]  # add_eos_token
     pair = encode_sft_row({"text": None, "prompt": "the", "completion": "sun", "messages": None}, tokenizer,
                           SFTConfig())
     assert pair.loss_mask.count(False) == len(tokenizer("the")["input_ids"])

@@ -103,7 +103,7 @@ def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str)
     if "prompt" in row and "completion" in row:
         return _prompt_completion_segments(row["prompt"], row["completion"], tokenizer, config, where)
     if "text" in row and isinstance(row["text"], str):
-        return [(_text_ids(tokenizer, row["text"], special=True), True)]
+        return [(with_eos(_text_ids(tokenizer, row["text"], special=True), tokenizer, config), True)]
     if "prompt" in row or "completion" in row:
         has, lacks = ("prompt", "completion") if "prompt" in row else ("completion", "prompt")
         raise UserError(f"{where}: column '{lacks}' missing (the row has '{has}'); {EXPECTED_COLUMNS}")
@@ -115,10 +115,7 @@ def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config:
                                 where: str) -> list[tuple[list[int], bool]]:
     """A prompt/completion row (both strings, or both conversations) as (token ids, trains) pieces."""
     if isinstance(prompt, str) and isinstance(completion, str):
-        ids = _text_ids(tokenizer, completion, special=False)
-        eos = tokenizer.eos_token_id
-        if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
-            ids.append(eos)
+        ids = with_eos(_text_ids(tokenizer, completion, special=False), tokenizer, config)
         return [(_text_ids(tokenizer, prompt, special=True), False), (ids, True)]
     if _is_conversation(prompt) and _is_conversation(completion):
         check_roles(prompt, config.extra_roles, where, "prompt")
@@ -131,6 +128,15 @@ def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config:
                             "prefix of it; the completion tokens cannot be found")
         return [(before, False), (whole[len(before):], True)]
     raise UserError(f"{where}: 'prompt' and 'completion' must both be strings or both lists of messages")
+
+
+def with_eos(ids: list[int], tokenizer, config: SFTConfig) -> list[int]:
+    """`ids` ending with the EOS token under add_eos_token, as TRL's SFTTrainer ends plain-text rows (a `text` row
+    and a string completion): the model learns to stop. Conversational rows end as their chat template ends them."""
+    eos = tokenizer.eos_token_id
+    if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
+        return [*ids, eos]
+    return ids
 
 
 def _is_conversation(value: Any) -> bool:

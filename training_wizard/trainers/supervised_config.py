@@ -63,7 +63,8 @@ class SFTConfig(SupervisedConfig):
         "mask from them on eager, sdpa and flash attention); the loss equals the unpacked one.",
     )
     add_eos_token: bool = Field(
-        True, description="End each prompt/completion row's completion with the EOS token if it lacks one (as TRL does)."
+        True, description="End each plain-text row (a `text` row, or a string completion) with the EOS token if it "
+        "lacks one, as TRL's SFTTrainer does; conversational rows end as their chat template ends them."
     )
 
 
