@@ -362,7 +362,8 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     manifest (for notes on a changed config or world size)."""
     folder = Path(folder)
     accelerator = trainer.accelerator
-    check_identity(folder, run_identity(trainer))
+    # decided on the main process: every process then loads, or every one stops with the same line
+    trainer.collectives.decide_on_main(lambda: check_identity(folder, run_identity(trainer)))
     sharded = (folder / SHARDED_STATE).is_dir()
     if sharded != bool(engine_kind(accelerator)):
         written = "under DeepSpeed or FSDP" if sharded else "without DeepSpeed or FSDP"

@@ -25,7 +25,8 @@ from training_wizard.errors import UserError
 RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints", "model",
              "report.html", "metrics.png", "tensorboard")
 # What a run that never finished may leave: `latest` with no checkpoint yet restarts it from the beginning.
-UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints")
+UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints",
+                        "tensorboard")
 RUN_IDENTITY_FILE = "run.json"
 # The config keys of a model's architecture: a checkpoint whose weights have other shapes cannot be loaded.
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -37,6 +38,18 @@ def run_files(folder: str | Path) -> list[str]:
     """The names of `RUN_FILES` present in `folder`."""
     folder = Path(folder)
     return [name for name in RUN_FILES if (folder / name).exists()]
+
+
+def continues_the_run_in(output_dir: str | Path, resume_from: str | None) -> bool:
+    """Whether `resume_from_checkpoint` continues the run that output_dir holds: "latest", or one of its own
+    checkpoints. A checkpoint of another folder starts a new run here (from those weights), which takes
+    output_dir as any new run does."""
+    if not resume_from:
+        return False
+    if resume_from == "latest":
+        return True
+    own = (Path(output_dir) / "checkpoints").resolve()
+    return Path(resume_from).resolve().parent == own
 
 
 def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:

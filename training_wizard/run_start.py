@@ -19,7 +19,7 @@ from training_wizard.checkpoint import (
 )
 from training_wizard.errors import UserError
 from training_wizard.run_folder import (
-    check_restart, claim_new_run, changed_settings, run_identity, write_run_identity,
+    check_restart, claim_new_run, changed_settings, continues_the_run_in, run_identity, write_run_identity,
 )
 from training_wizard.sharding import engine_kind
 from training_wizard.spec import redact_secrets
@@ -31,12 +31,12 @@ def start_run(trainer, resume_from: str | None, overwrite: bool, say: Callable[[
     another run's files unless `overwrite` (then they are deleted). Records the run's identity in run.json."""
     collectives, output_dir = trainer.collectives, trainer.config.output_dir
     identity = run_identity(trainer)
-    if resume_from:
-        resume(trainer, resume_from, identity, say)
-    else:
+    if not continues_the_run_in(output_dir, resume_from):  # a new run here (perhaps from another folder's weights)
         deleted = collectives.decide_on_main(lambda: claim_new_run(output_dir, overwrite))
         if deleted:
             say(f"overwrite_output_dir: deleted the earlier run's {', '.join(deleted)} in {output_dir}")
+    if resume_from:
+        resume(trainer, resume_from, identity, say)
     if collectives.is_main:
         write_run_identity(output_dir, identity)
     collectives.barrier()
@@ -134,11 +134,15 @@ def _checked_checkpoint(output_dir, which: str, identity: dict) -> Path | None:
 def _say_what_changed(trainer, manifest: dict, say: Callable[[str], None]) -> None:
     """Notes on settings that differ from the checkpoint's (allowed: episodes, learning rate, ...) and on the
     number of processes. `say` prints plain text (the recipes' console takes `[training]` as text, not a style)."""
-    if manifest.get("config_sha256") not in (None, config_hash(trainer.config)):
+    recorded = manifest.get("training")
+    if recorded is not None:  # the settings themselves: list what changed (keys added since are not changes)
         current = redact_secrets(trainer.config.model_dump(mode="json"))
-        changes = changed_settings(manifest.get("training"), current)
-        listed = f": {'; '.join(changes)}" if changes else ""
-        say(f"note: the [training] settings differ from the checkpoint's{listed}; continuing with the new ones")
+        changes = changed_settings(recorded, {key: value for key, value in current.items() if key in recorded})
+        if changes:
+            say(f"note: the [training] settings differ from the checkpoint's: {'; '.join(changes)}; continuing "
+                "with the new ones")
+    elif manifest.get("config_sha256") not in (None, config_hash(trainer.config)):  # an older checkpoint: a hash
+        say("note: the [training] settings differ from the checkpoint's; continuing with the new ones")
     world_size = trainer.collectives.world_size
     if manifest.get("world_size") not in (None, world_size):
         say(f"note: the checkpoint was written by {manifest['world_size']} process(es), this run has {world_size}")

@@ -19,6 +19,13 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FAULT_ENV = "TRAINING_WIZARD_FAULT_INJECT"
 _fired: set[str] = set()  # each injected fault acts once per process
 _active: list[StopRequest] = []  # the StopRequest of the running train(), for code waiting on user code
+_in_user_code: list[bool] = [False]  # True while timeouts.call_with_timeout runs user code on the main thread
+
+
+class StoppedWhileWaiting(BaseException):
+    """A stop signal arrived while user code (a reward) ran: raised out of that code by the signal handler, so a
+    reward that never returns cannot keep the run from stopping. A BaseException, as KeyboardInterrupt is, so the
+    `except Exception` of a reward (or of our reward plumbing) does not swallow it."""
 
 
 def exit_code_for(signum: int) -> int:
@@ -54,10 +61,13 @@ class StopRequest:
         return self
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        # Only set a flag: printing or saving here could re-enter I/O the main thread is in the middle of.
+        # Only set a flag: printing or saving here could re-enter I/O the main thread is in the middle of. Inside a
+        # reward's code, also leave that code now (the trainer saves the iteration's start and stops).
         if self.signum is None:
             self.signum = signum
         self._restore()
+        if _in_user_code[0]:
+            raise StoppedWhileWaiting()
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -1,86 +1,98 @@
 """User code that may never return (a reward function, a remote reward, a reward spec) runs under a timeout.
 
-`call_with_timeout` runs the call in a daemon worker thread while the main thread waits in short slices, so a
-stop signal is seen within a fraction of a second (the signal handlers of signals.py run in the main thread, and
-only between its waits). Past the timeout the run stops with one line naming what was running and the step; on a
-stop signal `StoppedWhileWaiting` is raised and the trainer commits the checkpoint of the iteration's start.
-The hung call itself cannot be killed (Python has no safe way to stop a thread): its thread is a daemon, so it
-does not keep the process alive, and an async reward's coroutine is cancelled on the reward loop.
+The code runs where it always ran, on the main thread: rewards that use signal alarms (math-verify), the current
+CUDA device, thread-local state or a non-thread-safe library behave as before. A watchdog thread waits for the
+deadline and then sends the main thread `TIMEOUT_SIGNAL`, whose handler raises out of the reward wherever it is
+(a signal also interrupts a blocking sleep, lock or socket wait); a stop signal (SIGTERM, SIGINT) that arrives
+during the call does the same through signals.py. Both exceptions are BaseExceptions, so a reward's own
+`except Exception` does not swallow them. An async reward's coroutines are cancelled on the reward loop.
+
+Off the main thread (a trainer driven from a thread of its own) no signal can reach the call: it runs without a
+timeout there.
 """
 
 from __future__ import annotations
 
-import contextvars
+import math
+import signal
 import threading
 import time
 from typing import Callable, TypeVar
 
-import torch
-
 from training_wizard.errors import UserError
-from training_wizard.signals import stop_requested
+from training_wizard.signals import StoppedWhileWaiting, _in_user_code, stop_requested
+
+__all__ = ["StoppedWhileWaiting", "call_with_timeout", "note_doing", "on_abandon"]
 
 T = TypeVar("T")
-WAIT_SLICE_SECONDS = 0.05  # how often the waiting main thread looks at the stop flag
+TIMEOUT_SIGNAL = signal.SIGUSR1  # sent by the watchdog to the main thread; rewards rarely handle it themselves
+RESEND_SECONDS = 1.0  # past the deadline, the signal is sent again until the call ends (in case code ate one)
 
-_doing: dict[int, str] = {}  # worker thread id -> what it runs now (named in the timeout message)
-_cancels: dict[int, list[Callable[[], object]]] = {}  # worker thread id -> what to cancel if it is abandoned
-
-
-class StoppedWhileWaiting(Exception):
-    """A stop signal arrived while user code was running: the trainer saves and stops (exit 143/130)."""
+_doing: list[str | None] = [None]  # what the call runs now (named in the timeout message)
+_cancels: list[Callable[[], object]] = []  # what to cancel if the call is abandoned (async rewards' futures)
 
 
-def note_doing(what: str, thread_id: int | None = None) -> None:
-    """Say what the worker runs now (e.g. "reward function 'slow'"), for the timeout message. Called from the
-    worker thread, or with its id from a thread acting for it (the reward event loop)."""
-    _doing[thread_id if thread_id is not None else threading.get_ident()] = what
+class _TimedOut(BaseException):
+    """Raised in the main thread by the watchdog's signal; turned into a UserError by `call_with_timeout`."""
+
+
+def note_doing(what: str) -> None:
+    """Say what the call runs now (e.g. "reward function 'slow'"), for the timeout message."""
+    _doing[0] = what
 
 
 def on_abandon(cancel: Callable[[], object]) -> None:
-    """Register, from a worker thread, how to cancel what it waits for if the caller gives up on it."""
-    _cancels.setdefault(threading.get_ident(), []).append(cancel)
+    """Register how to cancel what the call waits for, should it be abandoned (only inside a call)."""
+    if _in_user_code[0]:
+        _cancels.append(cancel)
 
 
 def call_with_timeout(work: Callable[[], T], seconds: float, what: str, step: int, key: str) -> T:
-    """`work()`'s result, or its exception, computed in a worker thread; a UserError naming `what` (or the part
-    the worker said it was running), `step` and the option `key` if it runs longer than `seconds`;
-    `StoppedWhileWaiting` if a stop signal arrives first. The worker keeps the caller's context variables, grad
-    mode and thread count, so it computes exactly what the caller would have."""
-    outcome: dict[str, object] = {}
-    context, grad_enabled, threads = contextvars.copy_context(), torch.is_grad_enabled(), torch.get_num_threads()
-
-    def run() -> None:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        try:
-            with torch.set_grad_enabled(grad_enabled):
-                outcome["value"] = context.run(work)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller as it is
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run, name="user-code", daemon=True)
+    """`work()`'s result, or its exception; a UserError naming `what` (or the part it said it was running), `step`
+    and the option `key` if it runs longer than `seconds`; `StoppedWhileWaiting` if a stop signal arrives first."""
+    if threading.current_thread() is not threading.main_thread() or _in_user_code[0]:
+        return work()
+    if stop_requested():
+        raise StoppedWhileWaiting()
+    main, done = threading.main_thread().ident, threading.Event()
     deadline = time.monotonic() + seconds
-    worker.start()
+
+    def watchdog() -> None:
+        if done.wait(seconds):
+            return
+        while not done.is_set():
+            signal.pthread_kill(main, TIMEOUT_SIGNAL)
+            done.wait(RESEND_SECONDS)
+
+    def timed_out(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        if _in_user_code[0] and time.monotonic() >= deadline:
+            raise _TimedOut()
+
+    previous = signal.signal(TIMEOUT_SIGNAL, timed_out)
+    if math.isfinite(seconds):
+        threading.Thread(target=watchdog, name="reward-timeout", daemon=True).start()
+    _doing[0] = None
+    _in_user_code[0] = True
     try:
-        while worker.is_alive():
-            worker.join(WAIT_SLICE_SECONDS)
-            if worker.is_alive() and stop_requested():
-                _abandon(worker)
-                raise StoppedWhileWaiting()
-            if worker.is_alive() and time.monotonic() > deadline:
-                running = _doing.get(worker.ident or -1, what)
-                _abandon(worker)
-                raise UserError(f"{running} did not return within {key} = {seconds:g} s at step {step}; the run "
-                                "stops (the last checkpoint is kept). Fix what it waits for, or raise the timeout")
+        return work()
+    except _TimedOut:
+        _in_user_code[0] = False
+        running = _doing[0] or what  # before the cancel: a cancelled coroutine updates it
+        _cancel_pending()
+        raise UserError(f"{running} did not return within {key} = {seconds:g} s at step {step}; the run "
+                        "stops (the last checkpoint is kept). Fix what it waits for, or raise the timeout") from None
+    except StoppedWhileWaiting:
+        _in_user_code[0] = False
+        _cancel_pending()
+        raise
     finally:
-        _doing.pop(worker.ident or -1, None)
-        _cancels.pop(worker.ident or -1, None)
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+        _in_user_code[0] = False
+        done.set()
+        signal.signal(TIMEOUT_SIGNAL, previous)
+        _cancels.clear()
+        _doing[0] = None
 
 
-def _abandon(worker: threading.Thread) -> None:
-    for cancel in _cancels.get(worker.ident or -1, []):
+def _cancel_pending() -> None:
+    for cancel in _cancels:
         cancel()

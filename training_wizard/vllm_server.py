@@ -71,8 +71,11 @@ class Engine:
         from training_wizard.rollout.generation import GenerationParams
         from training_wizard.rollout.vllm import sampled_rows, sampling_params
 
+        # "stop_token_id": a trainer of an earlier version (one id); without it every row would run to max_tokens
+        stop = request.get("stop_token_ids") or ([request["stop_token_id"]] if request.get("stop_token_id") is not None
+                                                 else [])
         params = GenerationParams(int(request["max_tokens"]), float(request["temperature"]),
-                                  tuple(int(t) for t in request.get("stop_token_ids") or ()), 0)
+                                  tuple(int(t) for t in stop), 0)
         per_row = [sampling_params(self.vllm, params, seed, request.get("options") or {}) for seed in request["seeds"]]
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in request["prompts"]]
         rows = sampled_rows(self.llm.generate(prompts, per_row, use_tqdm=False))

@@ -35,6 +35,24 @@ def test_tensorboard_writes_event_files(tmp_path):
     assert len(events) == 1 and events[0].stat().st_size > 0
 
 
+@requires("tensorboard")
+def test_a_tensorboard_run_takes_an_empty_output_dir_as_a_new_run(tmp_path):
+    """The tracker opens at the first record: a trainer built with report_to = ["tensorboard"] has written nothing
+    when the run takes its folder, which then holds no other run's files (before, every such run was refused)."""
+    from training_wizard import RLOOConfig, RLOOTrainer
+    from training_wizard.testing import build_causal_lm, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, total_episodes=8, response_length=4,
+                        num_sample_generations=0, rloo_k=2, report_to=["tensorboard"])
+    trainer = RLOOTrainer(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer),
+                          reward_model=lambda prompts, completions, **columns: [1.0] * len(completions),
+                          train_dataset=[{"prompt": f"Say {i}."} for i in range(4)])
+    assert not (tmp_path / "tensorboard").exists()
+    trainer.train()
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+
+
 def test_tracker_that_is_not_installed_is_a_user_error(tmp_path, monkeypatch):
     import importlib.util
 

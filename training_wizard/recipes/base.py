@@ -87,9 +87,9 @@ class Recipe(Spec):
         files there (unless overwrite_output_dir: `start` deletes them). Nothing is written there yet."""
         if accelerator.is_main_process:
             check_writable(self.output_dir)
-            if not self.resume_from_checkpoint and not self.overwrite_output_dir:
-                from training_wizard.run_folder import refuse_used_folder
+            from training_wizard.run_folder import continues_the_run_in, refuse_used_folder
 
+            if not continues_the_run_in(self.output_dir, self.resume_from_checkpoint) and not self.overwrite_output_dir:
                 refuse_used_folder(self.output_dir)
 
     def start(self, trainer, console) -> None:

@@ -31,13 +31,14 @@ class SequenceClassificationRecipe(SupervisedRecipe):
         """The folder as a classifier with num_labels outputs (a causal LM's folder gets a new head)."""
         from transformers import AutoModelForSequenceClassification
 
-        from training_wizard.specs.model import parse_dtype
+        from training_wizard.specs.model import name_model, parse_dtype
 
         options = {**self.model.from_pretrained_kwargs, "num_labels": config.num_labels,
                    "dtype": parse_dtype(config.dtype), "use_safetensors": True, "local_files_only": True,
                    "trust_remote_code": self.model.trust_remote_code}
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(self.model.resolved_path(), **options)
+            model = name_model(AutoModelForSequenceClassification.from_pretrained(self.model.resolved_path(), **options),
+                               self.model.model_name())  # the name as written, not the cache folder
         except (OSError, ValueError) as exc:
             raise UserError(f"model.pretrained_name: could not load a sequence classifier: "
                             f"{str(exc).strip().splitlines()[0][:200]}") from None

@@ -315,6 +315,8 @@ class VLLMServerBackend(_EngineOwnWeights):
             "seeds": [int(seed) for seed in row_seeds],
             "max_tokens": params.max_new_tokens, "temperature": params.temperature,
             "stop_token_ids": list(params.stop_token_ids), "options": self.sampling_options,
+            # the first id again under the earlier protocol's key, for a server of an earlier version
+            "stop_token_id": params.stop_token_ids[0] if params.stop_token_ids else None,
         }
         answer = self._call("POST", "/generate", json.dumps(payload).encode())
         rows = list(zip(answer["tokens"], answer["logprobs"]))

@@ -38,9 +38,6 @@ from training_wizard.specs.data_files import (
 ROLES = ("system", "user", "assistant")
 # A prompt may use at most this fraction of response_length tokens when filter_length is on (as in training-wizard 1.0's RLOO example).
 FILTER_LENGTH_FRACTION = 0.9
-# Each row's position in `load_raw`'s rows travels through preprocessing in this column (removed before `load`
-# returns), so that shuffle and take stay the datasets library's own and `row_name` still finds the row's origin.
-RAW_ROW_COLUMN = "__training_wizard_raw_row__"
 
 
 class DataSourceSpec(Spec):
@@ -79,15 +76,16 @@ class DataSourceSpec(Spec):
 
     def load(self, label: str = "dataset"):
         """Return a `datasets.Dataset`: `load_raw` followed by the preprocessing keys."""
-        import numpy
+        import datasets
 
         raw = self.load_raw(label)
-        rows = self.preprocess(raw.add_column(RAW_ROW_COLUMN, numpy.arange(len(raw))), label)
-        # Read as one Arrow column (row by row it takes seconds for a few hundred thousand rows); a list, not an
-        # array, since pydantic compares private attributes when specs are compared.
-        column = rows.select_columns([RAW_ROW_COLUMN]).with_format("arrow")[RAW_ROW_COLUMN]
-        self._raw_rows = column.to_numpy().tolist()
-        return rows.remove_columns(RAW_ROW_COLUMN)
+        rows = self.preprocess(raw, label)
+        # The same row choices (shuffle, take, hold_out: the datasets library's own) made on a one-column table of
+        # positions give each returned row's position in `raw`, without touching (or copying) the data itself. A
+        # list, not an array, since pydantic compares private attributes when specs are compared.
+        positions = self.select_rows(datasets.Dataset.from_dict({"row": range(len(raw))}), label)
+        self._raw_rows = positions.with_format("arrow")["row"].to_numpy().tolist()
+        return rows
 
     def raw_row_origin(self, raw_index: int) -> str | None:
         """Where row `raw_index` of `load_raw` came from ('data/sft.jsonl line 7'); None where unknown. Sources
@@ -108,7 +106,7 @@ class DataSourceSpec(Spec):
         """Apply `columns`, `rename_columns`, `shuffle` and `take`, in that order."""
         if self.columns is not None:
             _require_columns(ds, self.columns, f"{label}.columns")
-            ds = ds.select_columns(self.columns + [name for name in ds.column_names if name == RAW_ROW_COLUMN])
+            ds = ds.select_columns(self.columns)
         if self.rename_columns:
             _require_columns(ds, list(self.rename_columns), f"{label}.rename_columns")
             clashes = [new for old, new in self.rename_columns.items()
@@ -116,6 +114,10 @@ class DataSourceSpec(Spec):
             if clashes:
                 raise UserError(f"{label}.rename_columns: target column '{clashes[0]}' already exists")
             ds = ds.rename_columns(dict(self.rename_columns))
+        return self.select_rows(ds, label)
+
+    def select_rows(self, ds, label: str = "dataset"):
+        """`shuffle`, `take` and `hold_out`: which rows, in which order (they depend on the row count alone)."""
         if self.shuffle:
             ds = ds.shuffle(seed=self.shuffle_seed)
         if self.take is not None:
@@ -134,10 +136,9 @@ class DataSourceSpec(Spec):
 
 
 def _require_columns(ds, names: list[str], key: str) -> None:
-    columns = [name for name in ds.column_names if name != RAW_ROW_COLUMN]
-    missing = [name for name in names if name not in columns]
+    missing = [name for name in names if name not in ds.column_names]
     if missing:
-        raise UserError(f"{key}: column '{missing[0]}' not found (columns: {', '.join(columns)})")
+        raise UserError(f"{key}: column '{missing[0]}' not found (columns: {', '.join(ds.column_names)})")
 
 
 # --------------------------------------------------------------------------------------------------------------

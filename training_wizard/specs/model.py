@@ -175,7 +175,7 @@ class TransformerSpec(Spec):
         torch_dtype = parse_dtype(dtype)
         folder = self.resolved_path()
         if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
-            return _named(self._load_adapter_folder(folder, dtype, tokenizer), self.model_name())
+            return name_model(self._load_adapter_folder(folder, dtype, tokenizer), self.model_name())
         if not (folder / "config.json").is_file():
             raise UserError(f"{key}: folder '{folder}' has no config.json; expected a Hugging Face model folder")
         if not any(folder.glob("*.safetensors")):
@@ -201,7 +201,7 @@ class TransformerSpec(Spec):
         model.config.pad_token_id = tokenizer.pad_token_id
         if model.generation_config is not None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
-        return _named(model, self.model_name())
+        return name_model(model, self.model_name())
 
     def _load_adapter_folder(self, folder: Path, dtype: Any, tokenizer: Any):
         """A LoRA run's `model/` folder (adapter only): its base model with the adapter merged in."""
@@ -282,7 +282,7 @@ def ensure_pad_token(tokenizer) -> bool:
     return len(tokenizer) > before
 
 
-def _named(model, name: str):
+def name_model(model, name: str):
     """Give `model` the name its saved config (and a LoRA adapter made from it) records as its origin."""
     model.name_or_path = name  # read by peft's get_peft_model for base_model_name_or_path
     model.config.name_or_path = name  # written to config.json as _name_or_path

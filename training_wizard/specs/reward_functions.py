@@ -186,11 +186,11 @@ def trl_inputs(
 def run_concurrently(coroutines: dict[str, Any]) -> dict[str, Any]:
     """Await the coroutines together on the process's reward loop: {name: result or the exception it raised}; an
     exception given in place of a coroutine is passed through."""
-    waiting_thread, pending = threading.get_ident(), set(coroutines)
+    pending = set(coroutines)
 
     def note_pending() -> None:  # for the timeout message (timeouts.py): the functions still running
         names = ", ".join(f"'{name}'" for name in coroutines if name in pending)
-        note_doing(f"async reward function(s) {names}" if names else "async reward functions", waiting_thread)
+        note_doing(f"async reward function(s) {names}" if names else "async reward functions")
 
     async def settle(name: str, item: Any) -> Any:
         try:

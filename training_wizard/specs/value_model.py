@@ -41,17 +41,17 @@ def load_value_model(spec, dtype: Any, tokenizer) -> torch.nn.Module:
     folder (its weights get a new scalar head). `spec.lora` trains an adapter plus the head."""
     from transformers import AutoModelForSequenceClassification
 
-    from training_wizard.specs.model import parse_dtype
+    from training_wizard.specs.model import name_model, parse_dtype
 
     folder = spec.resolved_path()
     lora = spec.lora.to_peft_config() if spec.lora is not None else None
     architectures = _architectures(folder)
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         return value_model_from_policy(spec.load_causal_lm(dtype, tokenizer), lora=lora)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = name_model(AutoModelForSequenceClassification.from_pretrained(
         folder, dtype=parse_dtype(dtype), use_safetensors=True, local_files_only=True,
         trust_remote_code=spec.trust_remote_code,
-    )
+    ), spec.model_name())  # the name as the recipe gives it, not the cache folder it resolved to
     if model.config.num_labels != 1:
         raise UserError(f"value_model.pretrained_name: '{folder}' has {model.config.num_labels} labels; a value model "
                         "has one output (num_labels = 1)")

@@ -28,15 +28,18 @@ class MetricsLogger:
         self.path = Path(output_dir) / "metrics.jsonl"
         self._writers: list[Any] = []
         check_trackers_installed(report_to)
-        if not self.enabled:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for name in report_to or []:
-            self._writers.append(_open_tracker(name, Path(output_dir), run_config or {}, run_name))
+        # Opened at the first record, not here: a tracker writes into output_dir when it opens (TensorBoard's event
+        # file), and the run takes output_dir only after the trainer is built (run_start.py).
+        self._to_open = (list(report_to or []), Path(output_dir), run_config or {}, run_name)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:
             return
+        if self._to_open is not None:
+            names, folder, run_config, run_name = self._to_open
+            self._to_open = None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writers = [_open_tracker(name, folder, run_config, run_name) for name in names]
         record = {key: _jsonable(value) for key, value in metrics.items()}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
