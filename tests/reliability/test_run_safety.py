@@ -107,6 +107,14 @@ def test_a_new_run_into_a_used_output_dir_is_refused_unless_overwrite(tmp_path, 
     failing = run_cli([recipe, *short, "training.learning_rate=1e30"], tmp_path / "logs" / "failing")
     one_line_error(failing, "holds another run's files")
     assert folder_digest(output) == before
+    # a checkpoint of another folder starts a new run: it may not take over a used output_dir either
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text('{"episode": 8}\n')
+    elsewhere = run_cli([recipe, *short, f'output_dir="{other}"',
+                         f'resume_from_checkpoint="{output / "checkpoints" / "step-1"}"'], tmp_path / "logs" / "other")
+    one_line_error(elsewhere, f"'{other}'", "holds another run's files")
+    assert (other / "metrics.jsonl").read_text() == '{"episode": 8}\n' and folder_digest(output) == before
     # on the user's word the earlier run's files go first: one run's records, not two
     (output / "notes.txt").write_text("the user's own file")
     replaced = run_cli([recipe, *short, "overwrite_output_dir=true", "training.total_episodes=8"],

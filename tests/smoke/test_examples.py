@@ -39,6 +39,7 @@ def _tiny_reward_model(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # a fresh interpreter trains twice (~20 s): .ci/run runs it with -m slow
 def test_trl_style_script_builds_the_same_recipe(tmp_path, tiny_model_dir):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"Describe a {w} day."}) for w in ["sunny", "rainy", "calm", "busy"]))
@@ -63,6 +64,7 @@ def test_trl_style_script_builds_the_same_recipe(tmp_path, tiny_model_dir):
     assert bad.returncode == 2 and "--rloo_kk" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter trains PPO (~15 s): .ci/run runs it with -m slow
 def test_ppo_script_takes_the_ppov2_docs_flags(tmp_path, tiny_model_dir):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"Describe a {w} day."}) for w in ["sunny", "rainy", "calm", "busy"]))
