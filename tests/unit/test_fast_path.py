@@ -687,7 +687,9 @@ def test_free_host_memory_goes_back_to_the_system():
     last = blocks[-1]  # keeps the heap's top in use, so freeing the rest cannot shrink it by itself
     holding = resident_mb()
     del blocks
-    assert resident_mb() > holding - 50
+    # Whether the freed blocks are still resident here is glibc's business, not ours: it was asserted, and once
+    # (in .ci/run, after the rest of the suite) the resident size had already fallen 156 MB at this point. What
+    # the release must guarantee is the end state.
     assert release_free_host_memory()
     assert resident_mb() < holding - 150
     del last
