@@ -29,10 +29,9 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.guards import first_nonfinite_parameter
-from training_wizard.run_folder import identity_difference, run_identity
+from training_wizard.run_folder import identity_difference, run_identity, training_settings
 from training_wizard.sharding import SHARDED_STATE, deepspeed_lookup_skipped, engine_kind, unwrap_model
 from training_wizard.signals import fault_point
-from training_wizard.spec import redact_secrets
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -231,7 +230,7 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
         "episode": int(run_state["episode"]),
         "config_sha256": config_hash(trainer.config),
         "identity": run_identity(trainer),  # what made it: resuming from it with another trainer or model is refused
-        "training": redact_secrets(trainer.config.model_dump(mode="json")),  # for the note of changed settings
+        "training": training_settings(trainer.config),  # for the note of changed settings
         "world_size": accelerator.num_processes,
         "versions": library_versions(),
     })

@@ -1,7 +1,7 @@
 """A run owns its `output_dir`: it never appends to, overwrites or prunes another run's files.
 
 What a run writes there (`RUN_FILES`) is known; anything else in the folder is the user's and is never touched.
-A run takes the folder once, before it writes anything (`take_output_dir`):
+A run takes the folder once, before it writes anything (run_start.py: `start_run`):
   - a new run (no `resume_from_checkpoint`) refuses a folder that holds another run's files, unless the user
     said `overwrite_output_dir = true`, which deletes those files (and only those) first;
   - a resumed run checks that the checkpoint was written by the same trainer on the same model architecture
@@ -56,8 +56,8 @@ def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
     """A run that does not resume: refuse a folder with another run's files (one line naming the folder and the
     two ways on), or with `overwrite` delete those files first. Returns the names deleted."""
     found = run_files(folder)
-    if not overwrite:
-        refuse_used_folder(folder)
+    if found and not overwrite:
+        raise _used_folder_error(folder, found)
     for name in found:
         path = Path(folder) / name
         if path.is_dir() and not path.is_symlink():
@@ -71,11 +71,15 @@ def refuse_used_folder(folder: str | Path) -> None:
     """One line naming the folder, the run files in it and the two ways on, if it holds any."""
     found = run_files(folder)
     if found:
-        raise UserError(
-            f"output_dir: '{folder}' holds another run's files ({', '.join(found)}); continue that run with "
-            "resume_from_checkpoint = \"latest\", or choose another output_dir (overwrite_output_dir = true "
-            "deletes them first)"
-        )
+        raise _used_folder_error(folder, found)
+
+
+def _used_folder_error(folder: str | Path, found: list[str]) -> UserError:
+    return UserError(
+        f"output_dir: '{folder}' holds another run's files ({', '.join(found)}); continue that run with "
+        "resume_from_checkpoint = \"latest\", or choose another output_dir (overwrite_output_dir = true "
+        "deletes them first)"
+    )
 
 
 def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
@@ -173,13 +177,20 @@ def _settings(values: dict[str, Any] | None) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(values.items()))
 
 
+def training_settings(config) -> dict[str, Any]:
+    """A [training] config as a checkpoint records it (plain JSON, secrets redacted), for `changed_settings`."""
+    from training_wizard.spec import redact_secrets
+
+    return redact_secrets(config.model_dump(mode="json"))
+
+
 def changed_settings(recorded: dict[str, Any] | None, current: dict[str, Any], limit: int = 8) -> list[str]:
-    """`key old -> new` for each [training] setting that differs from the checkpoint's (output_dir aside)."""
+    """`key old -> new` for each [training] setting the checkpoint recorded that differs now (output_dir aside;
+    keys added since it was written are not changes)."""
     if not recorded:
         return []
-    keys = sorted((set(recorded) | set(current)) - {"output_dir", "overwrite_output_dir"})
-    changes = [f"{key} {recorded.get(key)!r} -> {current.get(key)!r}" for key in keys
-               if recorded.get(key) != current.get(key)]
+    keys = sorted(set(recorded) - {"output_dir", "overwrite_output_dir"})
+    changes = [f"{key} {recorded[key]!r} -> {current.get(key)!r}" for key in keys if recorded[key] != current.get(key)]
     if len(changes) > limit:
         changes = [*changes[:limit], f"and {len(changes) - limit} more"]
     return changes

@@ -15,24 +15,25 @@ from pathlib import Path
 from typing import Callable
 
 from training_wizard.checkpoint import (
-    MANIFEST, check_identity, checkpoints_dir, config_hash, find_checkpoint, load_checkpoint, read_manifest,
+    MANIFEST, checkpoints_dir, config_hash, find_checkpoint, load_checkpoint, read_manifest,
 )
 from training_wizard.errors import UserError
 from training_wizard.run_folder import (
-    check_restart, claim_new_run, changed_settings, continues_the_run_in, run_identity, write_run_identity,
+    check_restart, claim_new_run, changed_settings, continues_the_run_in, run_identity, training_settings,
+    write_run_identity,
 )
 from training_wizard.sharding import engine_kind
-from training_wizard.spec import redact_secrets
 
 
-def start_run(trainer, resume_from: str | None, overwrite: bool, say: Callable[[str], None]) -> None:
+def start_run(trainer, resume_from: str | None, say: Callable[[str], None]) -> None:
     """Take `trainer.config.output_dir` for this run: resume from `resume_from` ("latest" or a folder) after
     checking the checkpoint was written by the same trainer and model, or, as a new run, refuse a folder holding
-    another run's files unless `overwrite` (then they are deleted). Records the run's identity in run.json."""
-    collectives, output_dir = trainer.collectives, trainer.config.output_dir
-    identity = run_identity(trainer)
+    another run's files unless `config.overwrite_output_dir` (then they are deleted). Records the run's identity
+    in run.json."""
+    collectives, config = trainer.collectives, trainer.config
+    output_dir, identity = config.output_dir, run_identity(trainer)
     if not continues_the_run_in(output_dir, resume_from):  # a new run here (perhaps from another folder's weights)
-        deleted = collectives.decide_on_main(lambda: claim_new_run(output_dir, overwrite))
+        deleted = collectives.decide_on_main(lambda: claim_new_run(output_dir, config.overwrite_output_dir))
         if deleted:
             say(f"overwrite_output_dir: deleted the earlier run's {', '.join(deleted)} in {output_dir}")
     if resume_from:
@@ -48,7 +49,7 @@ def take_output_dir(trainer, resume_from: str | None = None) -> None:
     argument): it resumes, or as a new run refuses a folder holding another run's files unless
     `config.overwrite_output_dir`. A recipe (or `load_checkpoint`) has already taken it before train()."""
     if not getattr(trainer, "output_dir_taken", False):
-        start_run(trainer, resume_from, trainer.config.overwrite_output_dir, trainer.accelerator.print)
+        start_run(trainer, resume_from, trainer.accelerator.print)
 
 
 def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:
@@ -91,10 +92,11 @@ def remove_stale_staging(output_dir: str | Path) -> None:
 
 
 def resume(trainer, which: str, identity: dict, say: Callable[[str], None]) -> None:
-    """`resume_from_checkpoint`: the main process picks the checkpoint (verifying hashes once) and checks that the
-    same trainer and model wrote it, before anything is loaded, deleted or rewritten; every process then loads
-    that one from the shared output_dir, and metrics.jsonl and samples.jsonl lose the records of iterations that
-    will be redone, so every iteration is logged exactly once. `say` prints a line on the main process."""
+    """`resume_from_checkpoint`: the main process picks the checkpoint (verifying hashes once); every process loads
+    that one from the shared output_dir (`load_checkpoint` first checks that the same trainer and model wrote it,
+    before anything is loaded, deleted or rewritten), and metrics.jsonl and samples.jsonl lose the records of
+    iterations that will be redone, so every iteration is logged exactly once. `say` prints a line on the main
+    process. `identity` is this run's (run_folder.run_identity), for a restart without a checkpoint."""
     accelerator, collectives = trainer.accelerator, trainer.collectives
     output_dir = trainer.config.output_dir
     found = collectives.decide_on_main(lambda: _as_text(_checked_checkpoint(output_dir, which, identity)))
@@ -119,15 +121,12 @@ def resume(trainer, which: str, identity: dict, say: Callable[[str], None]) -> N
 
 
 def _checked_checkpoint(output_dir, which: str, identity: dict) -> Path | None:
-    """The checkpoint to resume from, once its manifest says the same trainer and models wrote it; with "latest"
-    and none yet, None, after checking the folder holds nothing that starting over would destroy (main process:
-    the logs of the unfinished run are emptied here)."""
+    """The checkpoint to resume from; with "latest" and none yet, None, after checking the folder holds nothing
+    that starting over would destroy (main process: the logs of the unfinished run are emptied here)."""
     folder = find_checkpoint(output_dir, which)
     if folder is None:
         check_restart(output_dir, identity)
         truncate_run_logs(output_dir, 0, 0)
-        return None
-    check_identity(folder, identity)  # before anything is deleted or rewritten
     return folder
 
 
@@ -135,9 +134,8 @@ def _say_what_changed(trainer, manifest: dict, say: Callable[[str], None]) -> No
     """Notes on settings that differ from the checkpoint's (allowed: episodes, learning rate, ...) and on the
     number of processes. `say` prints plain text (the recipes' console takes `[training]` as text, not a style)."""
     recorded = manifest.get("training")
-    if recorded is not None:  # the settings themselves: list what changed (keys added since are not changes)
-        current = redact_secrets(trainer.config.model_dump(mode="json"))
-        changes = changed_settings(recorded, {key: value for key, value in current.items() if key in recorded})
+    if recorded is not None:  # the settings themselves: list what changed
+        changes = changed_settings(recorded, training_settings(trainer.config))
         if changes:
             say(f"note: the [training] settings differ from the checkpoint's: {'; '.join(changes)}; continuing "
                 "with the new ones")

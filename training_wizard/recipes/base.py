@@ -56,8 +56,8 @@ class Recipe(Spec):
 
     # ------------------------------------------------------------------------ the run lifecycle, written once
     # A training recipe's main(): open_run -> (load, plan; stop on --dry-run) -> prepare_output -> build the
-    # trainer -> train_and_save (start: take output_dir or resume, write resolved_config.toml; train; save). Used by the on-policy recipes (recipes/on_policy.py) and the supervised ones
-    # (recipes/sft.py, recipes/reward_model.py).
+    # trainer -> train_and_save (start: take output_dir or resume, write resolved_config.toml; train; save). Used by
+    # the on-policy recipes (recipes/on_policy.py) and the supervised ones (recipes/sft.py, recipes/reward_model.py).
 
     def open_run(self, gradient_accumulation_steps: int):
         """Seed everything, make the Accelerator and check the launch came up as asked; (accelerator, console)."""
@@ -89,7 +89,8 @@ class Recipe(Spec):
             check_writable(self.output_dir)
             from training_wizard.run_folder import continues_the_run_in, refuse_used_folder
 
-            if not continues_the_run_in(self.output_dir, self.resume_from_checkpoint) and not self.overwrite_output_dir:
+            new_run = not continues_the_run_in(self.output_dir, self.resume_from_checkpoint)
+            if new_run and not self.overwrite_output_dir:
                 refuse_used_folder(self.output_dir)
 
     def start(self, trainer, console) -> None:
@@ -100,7 +101,7 @@ class Recipe(Spec):
         def say(line: str) -> None:  # plain text: "[training]" in a note is not rich markup
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-        start_run(trainer, self.resume_from_checkpoint, self.overwrite_output_dir, say)
+        start_run(trainer, self.resume_from_checkpoint, say)  # trainer.config carries overwrite_output_dir
         if trainer.accelerator.is_main_process:
             self.write_resolved_config()
 

@@ -37,8 +37,8 @@ class SequenceClassificationRecipe(SupervisedRecipe):
                    "dtype": parse_dtype(config.dtype), "use_safetensors": True, "local_files_only": True,
                    "trust_remote_code": self.model.trust_remote_code}
         try:
-            model = name_model(AutoModelForSequenceClassification.from_pretrained(self.model.resolved_path(), **options),
-                               self.model.model_name())  # the name as written, not the cache folder
+            loaded = AutoModelForSequenceClassification.from_pretrained(self.model.resolved_path(), **options)
+            model = name_model(loaded, self.model.model_name())  # the name as written, not the cache folder
         except (OSError, ValueError) as exc:
             raise UserError(f"model.pretrained_name: could not load a sequence classifier: "
                             f"{str(exc).strip().splitlines()[0][:200]}") from None

@@ -2,8 +2,9 @@
 
 `OnPolicyRecipe.main` is the lifecycle, written once: build everything from the specs, print the batch plan (and
 stop there on --dry-run), check output_dir is writable, build the trainer, take output_dir (resume if asked, or
-refuse another run's files), write the resolved config, train, save the final model. A stop signal leaves `train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe
-subclass names its `[training]` config class and builds its trainer (`build_trainer`).
+refuse another run's files), write the resolved config, train, save the final model. A stop signal leaves
+`train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe subclass names its
+`[training]` config class and builds its trainer (`build_trainer`).
 """
 
 from __future__ import annotations
