@@ -23,7 +23,7 @@ import os
 import platform
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 

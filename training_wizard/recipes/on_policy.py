@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 from rich.console import Console
@@ -39,8 +39,22 @@ class OnPolicyRecipe(Recipe):
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
 
-    def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):  # pragma: no cover - abstract
-        raise NotImplementedError
+    # "module:Class" of the trainer `build_trainer` makes; imported only then (torch-heavy modules stay unloaded
+    # for --dry-run's checks)
+    trainer_class: ClassVar[str] = ""
+
+    def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):
+        """The policy (LoRA applied), its reference (none when the config uses none: GRPO with beta = 0 loads no
+        reference at all) and `trainer_class` built from them."""
+        import importlib
+
+        policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
+        ref_policy = self.load_reference(config, policy, accelerator) if config.uses_reference else None
+        module, name = self.trainer_class.split(":")
+        trainer = getattr(importlib.import_module(module), name)
+        return trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
+                       reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
+                       accelerator=accelerator)
 
     def load_reference(self, config, policy, accelerator):
         """The `[ref_model]`; else None (the trainer copies the starting policy, or disables a LoRA adapter),

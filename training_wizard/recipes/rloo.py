@@ -16,13 +16,4 @@ class RLOORecipe(OnPolicyRecipe):
     """Model, prompt data, reward and training arguments of one RLOO run."""
 
     training: RLOORecipeConfig = Field(default_factory=RLOORecipeConfig, description="RLOOConfig options.")
-
-    def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):
-        policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
-        ref_policy = self.load_reference(config, policy, accelerator)
-        from training_wizard.trainers.rloo import RLOOTrainer
-
-        return RLOOTrainer(
-            config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy, reward_model=self.reward,
-            train_dataset=train_rows, eval_dataset=eval_rows, accelerator=accelerator,
-        )
+    trainer_class = "training_wizard.trainers.rloo:RLOOTrainer"

@@ -103,36 +103,15 @@ def sample(
     keys = torch.tensor([int(seed) for seed in row_seeds], dtype=torch.long, device=prompt_ids.device)
     batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
-    positions = position_ids_from_mask(attention_mask)
-    distinct, copies = distinct_rows(prompt_ids, attention_mask)
-    out = model(
-        input_ids=prompt_ids[distinct], attention_mask=attention_mask[distinct], position_ids=positions[distinct],
-        use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
-    )
-    past, logits = out.past_key_values, out.logits[copies, -1, :]
     capacity = prompt_ids.shape[1] + params.max_new_tokens
-    written_in_place = _write_in_place(past, copies, capacity)
-    if not written_in_place and distinct.shape[0] < batch:
-        past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
-    next_position = positions[:, -1:] + 1
+    past, logits, written_in_place, next_position = _prefill(model, prompt_ids, attention_mask, capacity)
     finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     running = torch.arange(batch, device=prompt_ids.device)  # the batch rows still in the forward pass, in order
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1], params.filters)
     for step in range(params.max_new_tokens):
-        if params.temperature == 0:  # greedy (evaluation); training always samples
-            drawn, drawn_logprob = greedy_with_logprobs(logits)
-        else:
-            drawn, drawn_logprob = sample_with_logprobs(logits, params.temperature, keys[running], step,
-                                                        params.filters, seen[running] if seen is not None else None)
-        if seen is not None:
-            seen[running, drawn] = True
-        token = torch.full((batch,), params.pad_token_id, dtype=drawn.dtype, device=drawn.device)
-        logprob = torch.zeros(batch, dtype=drawn_logprob.dtype, device=drawn_logprob.device)
-        token[running], logprob[running] = drawn, drawn_logprob
-        token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
-        logprob = torch.where(finished, torch.zeros_like(logprob), logprob)
+        token, logprob = _draw(logits, params, keys, running, step, seen, finished)
         tokens.append(token)
         logprobs.append(logprob)
         if params.stop_token_ids:
@@ -158,6 +137,42 @@ def sample(
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
+
+
+def _prefill(model, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int):
+    """The prompts' forward pass, once per distinct prompt, its KV cache repeated for the rows sharing it (in place
+    when the cache allows, holding `capacity` positions). Returns (cache, last logits (B, V), whether the cache was
+    written in place, each row's next position (B, 1))."""
+    positions = position_ids_from_mask(attention_mask)
+    distinct, copies = distinct_rows(prompt_ids, attention_mask)
+    out = model(
+        input_ids=prompt_ids[distinct], attention_mask=attention_mask[distinct], position_ids=positions[distinct],
+        use_cache=True, logits_to_keep=last_positions(prompt_ids.shape[1], 1, prompt_ids.device),
+    )
+    past, logits = out.past_key_values, out.logits[copies, -1, :]
+    written_in_place = _write_in_place(past, copies, capacity)
+    if not written_in_place and distinct.shape[0] < prompt_ids.shape[0]:
+        past.reorder_cache(copies)  # each row gets its prompt's cache (index_select repeats rows)
+    return past, logits, written_in_place, positions[:, -1:] + 1
+
+
+def _draw(logits, params: GenerationParams, keys, running, step: int, seen, finished):
+    """One token per batch row and its logprob: drawn for the `running` rows from their logits, pad (logprob 0)
+    for rows that left the forward pass or had stopped."""
+    if params.temperature == 0:  # greedy (evaluation); training always samples
+        drawn, drawn_logprob = greedy_with_logprobs(logits)
+    else:
+        drawn, drawn_logprob = sample_with_logprobs(logits, params.temperature, keys[running], step,
+                                                    params.filters, seen[running] if seen is not None else None)
+    if seen is not None:
+        seen[running, drawn] = True
+    batch = finished.shape[0]
+    token = torch.full((batch,), params.pad_token_id, dtype=drawn.dtype, device=drawn.device)
+    logprob = torch.zeros(batch, dtype=drawn_logprob.dtype, device=drawn_logprob.device)
+    token[running], logprob[running] = drawn, drawn_logprob
+    token = torch.where(finished, torch.full_like(token, params.pad_token_id), token)
+    logprob = torch.where(finished, torch.zeros_like(logprob), logprob)
+    return token, logprob
 
 
 def _seen_tokens(prompt_ids, prompt_mask, vocab: int, filters: SamplingFilters | None) -> torch.Tensor | None:

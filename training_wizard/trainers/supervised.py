@@ -27,11 +27,12 @@ from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
 from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.run_start import take_output_dir
-from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
+from training_wizard.signals import StopRequest, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.base import RunState
 from training_wizard.trainers.config import SupervisedConfig
 from training_wizard.trainers.setup import build_optimizer, configure_deepspeed, enable_activation_checkpointing
+from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
 
 
 class SupervisedTrainer:
@@ -51,10 +52,7 @@ class SupervisedTrainer:
         self.config = config
         self.tokenizer = tokenizer
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
-        if self.accelerator.gradient_accumulation_steps != config.gradient_accumulation_steps:
-            raise ValueError(f"the Accelerator was made with gradient_accumulation_steps="
-                             f"{self.accelerator.gradient_accumulation_steps}, the config says "
-                             f"{config.gradient_accumulation_steps}")
+        check_accumulation(self.accelerator, config.gradient_accumulation_steps)
         if not train_rows:
             raise UserError("dataset: no rows to train on")
         self.collectives = Collectives(self.accelerator)
@@ -83,6 +81,10 @@ class SupervisedTrainer:
         optimizer, self.lr_scheduler = build_optimizer(params, config, self.plan.num_steps)
         configure_deepspeed(self.accelerator, config)
         self.policy, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.optimizer_step = OptimizerStep(
+            self.accelerator, self.collectives, self.optimizer,
+            lambda: [p for p in self.policy.parameters() if p.requires_grad], config.max_grad_norm,
+            skip_nonfinite=getattr(config, "skip_nonfinite_batches", False))
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -164,25 +166,15 @@ class SupervisedTrainer:
         return [mine[start : start + plan.micro_batch_size] for start in range(0, local, plan.micro_batch_size)]
 
     def _optimizer_step(self, bad_loss: torch.Tensor) -> float:
-        """4. Clip, check the loss and the gradient norm are finite on every process, then step."""
-        parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        if self.config.max_grad_norm is not None:
-            norm = self.accelerator.clip_grad_norm_(parameters, self.config.max_grad_norm)
-        else:
-            grads = [torch.linalg.vector_norm(p.grad.detach()) for p in parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.zeros(())
-        if hasattr(norm, "full_tensor"):  # FSDP2 returns a DTensor
-            norm = norm.full_tensor()
-        norm = torch.as_tensor(norm).float()
-        bad = self.collectives.any_true(bool(bad_loss), not bool(torch.isfinite(norm)))
-        name = guards.first_flagged(("loss", "gradient"), bad)
-        if name is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise UserError(f"training: non-finite {name} at step {self.state.iteration}; lower "
-                            "training.learning_rate or check the data")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        """4. Clip, check the loss and the gradient norm are finite on every process, then step (trainers/step.py);
+        returns the gradient norm before clipping, for the grad_norm metric."""
+        outcome = self.optimizer_step(
+            bad_loss.reshape(1), ("loss", "gradient"),
+            lambda name: UserError(f"training: non-finite {name} at step {self.state.iteration}; lower "
+                                   "training.learning_rate or check the data"))
+        if not outcome.stepped:
+            self.state.skipped_batches += 1
+        return outcome.grad_norm if outcome.grad_norm is not None else 0.0
 
     def _record_step(self, sums: dict[str, torch.Tensor], weight: float, grad_norm: float, lr: float,
                      progress: ProgressDisplay) -> None:
@@ -241,10 +233,4 @@ class SupervisedTrainer:
     # ---------------------------------------------------------------------------------------------- stopping
     def _stop(self, stop: StopRequest) -> None:
         """Checkpoint the current state (a step boundary) unless it is saved already, then raise."""
-        from training_wizard.checkpoint import checkpoints_dir, save_checkpoint
-
-        step = self.state.iteration
-        folder = checkpoints_dir(self.config.output_dir) / f"step-{step}"
-        if self.last_saved_step != step:
-            folder = save_checkpoint(self)
-        raise TrainingInterrupted(stop.signum or 15, str(folder), step)
+        stop_with_checkpoint(self, stop)

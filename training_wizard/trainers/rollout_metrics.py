@@ -1,0 +1,52 @@
+"""Statistics of a trajectory batch over every process that the metrics of an iteration report: reward components
+(which a reward function may leave unscored for some rows) and the vLLM sampling gap. Each is one or two
+collectives (collectives.py), called at the same point on every process."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from training_wizard.core.importance_sampling import ImportanceWeights
+
+
+def component_mean(collectives, device, values: list[float]) -> float:
+    """Mean of a reward component over every process's completions it scored: a reward function in TRL's form
+    that returned None for a completion leaves NaN there (specs/reward_functions.py). NaN when none scored."""
+    local = torch.tensor(values, dtype=torch.float32)
+    scored = ~local.isnan()
+    sums = collectives.sum(torch.stack([local[scored].sum(), scored.sum().float()]).to(device))
+    return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan
+
+
+def component_std(collectives, device, values: list[float], mean: float) -> float:
+    """Unbiased standard deviation of a reward component over every process's completions it scored, around its
+    global `mean` (TRL's nanstd); NaN when fewer than two were scored."""
+    local = torch.tensor(values, dtype=torch.float64)
+    kept = local[~local.isnan()]
+    sums = torch.stack([((kept - mean) ** 2).sum(), torch.tensor(float(len(kept)), dtype=torch.float64)])
+    squares, count = (float(x) for x in collectives.sum(sums.to(device)))
+    return math.sqrt(squares / (count - 1)) if count > 1 else math.nan
+
+
+def sampling_metrics(collectives, device, batch, weights: ImportanceWeights, per_sequence: bool) -> dict[str, float]:
+    """TRL's sampling/* metrics: how far the sampler's logprobs are from the training pass's (over the loss tokens
+    of every process), and the bounded correction `weights` (per token, or per completion in sequence modes)."""
+    mask = batch.loss_mask
+    difference = (batch.logprobs - batch.sampling_logprobs).abs()[mask].float().to(device)
+    ratios = (weights.sequence if per_sequence else weights.token[mask]).float().to(device)
+    sums = collectives.sum(torch.stack([difference.sum(), difference.new_tensor(difference.numel()),
+                                        ratios.sum(), ratios.new_tensor(ratios.numel())]))
+    none = torch.tensor(0.0, device=device)
+    highest = collectives.max(torch.stack([
+        difference.max() if difference.numel() else none, ratios.max() if ratios.numel() else none,
+        -ratios.min() if ratios.numel() else none,
+    ]))
+    return {
+        "sampling/sampling_logp_difference/mean": float(sums[0] / sums[1].clamp(min=1)),
+        "sampling/sampling_logp_difference/max": float(highest[0]),
+        "sampling/importance_sampling_ratio/min": float(-highest[2]),
+        "sampling/importance_sampling_ratio/mean": float(sums[2] / sums[3].clamp(min=1)),
+        "sampling/importance_sampling_ratio/max": float(highest[1]),
+    }
