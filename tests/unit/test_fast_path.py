@@ -1,6 +1,7 @@
 """The fast path of an iteration: logprobs from the sampling pass, one prefill per distinct prompt, no work on
 padding, and the single-pass update. Each must give what the longer way gives."""
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
