@@ -20,20 +20,18 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _snapshot_metrics(request, tmp_path_factory):
+def _snapshot_metrics(request):
     """With METRICS_SNAPSHOT_DIR set, copy every metrics.jsonl a test wrote under its tmp_path there, named by the
     test, so a refactor can be checked to log the same numbers (scripts/compare_metrics.py)."""
     target = os.environ.get("METRICS_SNAPSHOT_DIR")
-    if not target or "tmp_path" not in request.fixturenames:
-        yield
+    tmp = request.getfixturevalue("tmp_path") if target and "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is None:
         return
     import re
     import shutil
     from pathlib import Path
 
-    # Asked for before the test: after it, pytest may already have torn tmp_path down and refuses to give it.
-    tmp = request.getfixturevalue("tmp_path")
-    yield
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
     for found in sorted(Path(tmp).rglob("metrics.jsonl")):
         relative = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(found.parent.relative_to(tmp)))
