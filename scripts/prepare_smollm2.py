@@ -12,12 +12,8 @@ import argparse
 import shutil
 import time
 
-from training_wizard.specs.model import (
-    SMOLLM2_135M_INSTRUCT,
-    TransformerSpec,
-    bundled_model_folder,
-    cache_root,
-)
+from training_wizard.specs.bundled_models import SMOLLM2_135M_INSTRUCT, bundled_model_folder, cache_root
+from training_wizard.specs.model import TransformerSpec
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["plot"]:
         return plot(argv[1:])
     if argv[:1] == ["vllm-serve"]:
-        from training_wizard.vllm_server import main as serve
+        from training_wizard.rollout.vllm_server import main as serve
 
         return serve(argv[1:])
     if argv[:1] == ["eval"]:  # the evaluation recipe, whatever the file's recipe_class says

@@ -19,7 +19,7 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FAULT_ENV = "TRAINING_WIZARD_FAULT_INJECT"
 _fired: set[str] = set()  # each injected fault acts once per process
 _active: list[StopRequest] = []  # the StopRequest of the running train(), for code waiting on user code
-_in_user_code: list[bool] = [False]  # True while timeouts.call_with_timeout runs user code on the main thread
+in_user_code: list[bool] = [False]  # True while timeouts.call_with_timeout runs user code on the main thread
 
 
 class StoppedWhileWaiting(BaseException):
@@ -66,7 +66,7 @@ class StopRequest:
         if self.signum is None:
             self.signum = signum
         self._restore()
-        if _in_user_code[0]:
+        if in_user_code[0]:
             raise StoppedWhileWaiting()
 
     def _restore(self) -> None:

@@ -113,6 +113,11 @@ def recipe_directory(folder: Path | None):
         _recipe_dir.reset(token)
 
 
+def current_recipe_directory() -> Path | None:
+    """The folder `recipe_directory` set for this block, if any (a spec keeps it for loading its files later)."""
+    return _recipe_dir.get()
+
+
 def resolve_path(path: str | Path) -> Path:
     """A data path as written: absolute, relative to the working directory, or relative to the recipe file."""
     candidate = Path(path).expanduser()

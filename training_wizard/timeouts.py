@@ -20,7 +20,7 @@ import time
 from typing import Callable, TypeVar
 
 from training_wizard.errors import UserError
-from training_wizard.signals import StoppedWhileWaiting, _in_user_code, stop_requested
+from training_wizard.signals import StoppedWhileWaiting, in_user_code, stop_requested
 
 __all__ = ["StoppedWhileWaiting", "call_with_timeout", "note_doing", "on_abandon"]
 
@@ -43,14 +43,14 @@ def note_doing(what: str) -> None:
 
 def on_abandon(cancel: Callable[[], object]) -> None:
     """Register how to cancel what the call waits for, should it be abandoned (only inside a call)."""
-    if _in_user_code[0]:
+    if in_user_code[0]:
         _cancels.append(cancel)
 
 
 def call_with_timeout(work: Callable[[], T], seconds: float, what: str, step: int, key: str) -> T:
     """`work()`'s result, or its exception; a UserError naming `what` (or the part it said it was running), `step`
     and the option `key` if it runs longer than `seconds`; `StoppedWhileWaiting` if a stop signal arrives first."""
-    if threading.current_thread() is not threading.main_thread() or _in_user_code[0]:
+    if threading.current_thread() is not threading.main_thread() or in_user_code[0]:
         return work()
     if stop_requested():
         raise StoppedWhileWaiting()
@@ -65,28 +65,28 @@ def call_with_timeout(work: Callable[[], T], seconds: float, what: str, step: in
             done.wait(RESEND_SECONDS)
 
     def timed_out(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        if _in_user_code[0] and time.monotonic() >= deadline:
+        if in_user_code[0] and time.monotonic() >= deadline:
             raise _TimedOut()
 
     previous = signal.signal(TIMEOUT_SIGNAL, timed_out)
     if math.isfinite(seconds):
         threading.Thread(target=watchdog, name="reward-timeout", daemon=True).start()
     _doing[0] = None
-    _in_user_code[0] = True
+    in_user_code[0] = True
     try:
         return work()
     except _TimedOut:
-        _in_user_code[0] = False
+        in_user_code[0] = False
         running = _doing[0] or what  # before the cancel: a cancelled coroutine updates it
         _cancel_pending()
         raise UserError(f"{running} did not return within {key} = {seconds:g} s at step {step}; the run "
                         "stops (the last checkpoint is kept). Fix what it waits for, or raise the timeout") from None
     except StoppedWhileWaiting:
-        _in_user_code[0] = False
+        in_user_code[0] = False
         _cancel_pending()
         raise
     finally:
-        _in_user_code[0] = False
+        in_user_code[0] = False
         done.set()
         signal.signal(TIMEOUT_SIGNAL, previous)
         _cancels.clear()

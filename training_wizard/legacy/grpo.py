@@ -1,7 +1,7 @@
 """Training-wizard 1.0's GRPO recipe (`training_wizard.recipes.grpo.GRPOTrainingSpec`), read as today's "grpo".
 
 1.0 ran TRL's GRPOTrainer with TRL's GRPOConfig as `training_args_spec`, a list of 1.0 reward classes in
-`reward_specs` and an optional `sample_rate`; legacy.py's translators do the models, data and shared training
+`reward_specs` and an optional `sample_rate`; translators.py does the models, data and shared training
 keys, and docs/migrating.md lists what each key becomes.
 """
 
@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from training_wizard.errors import UserError
-from training_wizard.legacy import (
-    _IGNORED, Translation, _dataset, _model, _reward, _training, _validation, check_top_keys,
+from training_wizard.legacy.translation import Translation, check_top_keys
+from training_wizard.legacy.translators import (
+    IGNORED_TRAINING_ARGS, translate_dataset, translate_model, translate_reward, translate_training,
+    translate_validation,
 )
 
 _GRPO_TOP = ("transformer_spec", "dataset_spec", "reward_specs", "training_args_spec", "validation", "callbacks_spec",
              "sample_rate", "mlflow_experiment_name")
 _GRPO_IGNORED = {
-    **_IGNORED,
+    **IGNORED_TRAINING_ARGS,
     "max_prompt_length": "prompts are not truncated (use dataset.filter_length to drop long ones)",
     "log_completions": "a sample table is printed num_sample_generations times per run",
     "num_completions_to_print": "a sample table is printed num_sample_generations times per run",
@@ -29,7 +31,7 @@ _GRPO_IGNORED = {
 
 def _grpo_same() -> set[str]:
     """The TRL GRPOConfig keys our GRPOConfig reads as they are: its field names and their TRL aliases (report_to
-    and the run's folder and seed are translated by `_training`)."""
+    and the run's folder and seed are translated by `translate_training`)."""
     from pydantic import AliasChoices
 
     from training_wizard.trainers.config import GRPOConfig
@@ -47,15 +49,15 @@ def translate_grpo(data: dict[str, Any], path: Path | str, out: Translation) -> 
     `reward_specs` list to one reward (several: a MultiRewardSpec summing them, as TRL sums its reward functions)."""
     out.note("spec_class", "recipe_class", "the GRPO recipe")
     check_top_keys(data, path, "GRPO", _GRPO_TOP, ("transformer_spec", "dataset_spec", "reward_specs"))
-    out.recipe["model"] = _model(data["transformer_spec"], "transformer_spec", "model", out)
-    out.recipe["dataset"] = _dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
+    out.recipe["model"] = translate_model(data["transformer_spec"], "transformer_spec", "model", out)
+    out.recipe["dataset"] = translate_dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
     training_args = dict(data.get("training_args_spec", {}))
     weights = training_args.pop("reward_weights", None)
     max_steps = training_args.pop("max_steps", -1)
     if max_steps not in (None, -1):
         raise UserError(f"{path}: training_args_spec.max_steps: a run here is total_episodes completions (or "
                         "num_train_epochs over the dataset); set total_episodes = max_steps x the completions per step")
-    _training(training_args, out, _grpo_same(), _GRPO_IGNORED)
+    translate_training(training_args, out, _grpo_same(), _GRPO_IGNORED)
     out.recipe["reward"] = _grpo_rewards(data["reward_specs"], weights, path, out)
     sample_rate = data.get("sample_rate", 100)
     if "sample_rate" in data and sample_rate == 0:
@@ -70,7 +72,7 @@ def translate_grpo(data: dict[str, Any], path: Path | str, out: Translation) -> 
     if "callbacks_spec" in data:
         out.note("callbacks_spec", None, "no early stopping: the run trains its full length")
     if "validation" in data:
-        _validation(data["validation"], out)
+        translate_validation(data["validation"], out)
     return out
 
 
@@ -80,7 +82,7 @@ def _grpo_rewards(specs: Any, weights: Any, path: Path | str, out: Translation) 
     if weights is not None and len(weights) != len(specs):
         raise UserError(f"{path}: training_args_spec.reward_weights: {len(weights)} weights for {len(specs)} "
                         "reward_specs")
-    rewards = [_reward(spec, f"reward_specs[{i}]", out, raw_text=False) for i, spec in enumerate(specs)]
+    rewards = [translate_reward(spec, f"reward_specs[{i}]", out, raw_text=False) for i, spec in enumerate(specs)]
     if len(rewards) == 1 and weights in (None, [1], [1.0]):
         if weights is not None:
             out.note("training_args_spec.reward_weights", None, "one reward of weight 1")

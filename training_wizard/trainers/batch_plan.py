@@ -1,0 +1,115 @@
+"""The batch glossary, and the one place batch sizes are derived from an on-policy config (`derive_batch_plan`).
+
+All counts are of *completions* unless named otherwise:
+
+    local_batch_size   = per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches  (per process)
+    batch_size         = local_batch_size * world_size                            (per iteration, all processes)
+    local_mini_batch   = local_batch_size / num_mini_batches    (one optimizer step, per process)
+    micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
+    local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
+    prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
+    iterations         = ceil(total_episodes / batch_size)
+
+TRL 1.x's steps_per_generation and generation_batch_size are other spellings of num_mini_batches; they are
+resolved into it here too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from training_wizard.errors import UserError
+
+
+class BatchSettings(Protocol):
+    """What the derivation reads from a config (trainers/config.py's OnPolicyConfig)."""
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    num_mini_batches: int
+    steps_per_generation: int | None
+    generation_batch_size: int | None
+    total_episodes: int | None
+    num_train_epochs: float
+    group_key: str
+
+    @property
+    def model_fields_set(self) -> set[str]: ...
+
+    def group_size(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    world_size: int
+    local_batch_size: int
+    batch_size: int
+    local_mini_batch_size: int
+    micro_batch_size: int
+    local_prompts: int
+    prompts_per_iteration: int
+    total_episodes: int
+    num_iterations: int
+
+    def rows(self) -> list[tuple[str, int]]:
+        return list(asdict(self).items())
+
+
+def mini_batches_from_steps_per_generation(config: BatchSettings) -> int:
+    """num_mini_batches for a config that sets steps_per_generation: TRL counts micro-batches, we count optimizer
+    steps. A ValueError (the config is being validated) when it contradicts the other batch keys."""
+    if config.generation_batch_size is not None:
+        raise ValueError("set generation_batch_size or steps_per_generation, not both (they say the same thing)")
+    steps, accumulation = config.steps_per_generation, config.gradient_accumulation_steps
+    if steps % accumulation:
+        raise ValueError(f"steps_per_generation ({steps}) must be a multiple of gradient_accumulation_steps "
+                         f"({accumulation}): it counts forward/backward passes per rollout, as in TRL; for {steps} "
+                         f"optimizer steps per rollout set num_mini_batches = {steps} instead")
+    derived = steps // accumulation
+    if "num_mini_batches" in config.model_fields_set and config.num_mini_batches != derived:
+        raise ValueError(f"steps_per_generation ({steps}) means num_mini_batches = {derived}, but "
+                         f"num_mini_batches is {config.num_mini_batches}; set one of them")
+    return derived
+
+
+def mini_batches_from_generation_batch_size(config: BatchSettings, world_size: int) -> int:
+    """num_mini_batches for a config that sets generation_batch_size, once the number of processes is known."""
+    per_step = config.per_device_train_batch_size * world_size * config.gradient_accumulation_steps
+    if config.generation_batch_size % per_step:
+        raise UserError(
+            f"training: generation_batch_size ({config.generation_batch_size}) must be a multiple of "
+            f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
+        )
+    return config.generation_batch_size // per_step
+
+
+def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int | None) -> BatchPlan:
+    """Every batch size of a config whose num_mini_batches is final, checking divisibility with an error that names
+    both numbers."""
+    local = config.per_device_train_batch_size * config.gradient_accumulation_steps * config.num_mini_batches
+    group = config.group_size()
+    if local % group:
+        raise UserError(
+            f"training: local_batch_size ({local} = per_device_train_batch_size {config.per_device_train_batch_size}"
+            f" x gradient_accumulation_steps {config.gradient_accumulation_steps} x num_mini_batches"
+            f" {config.num_mini_batches}) must be a multiple of {config.group_key} ({group})"
+        )
+    batch = local * world_size
+    total = config.total_episodes
+    if total is None:
+        if dataset_rows is None:
+            raise UserError("training: total_episodes is required when the dataset size is unknown")
+        total = max(1, int(config.num_train_epochs * dataset_rows))
+    return BatchPlan(
+        world_size=world_size,
+        local_batch_size=local,
+        batch_size=batch,
+        local_mini_batch_size=local // config.num_mini_batches,
+        micro_batch_size=config.per_device_train_batch_size,
+        local_prompts=local // group,
+        prompts_per_iteration=batch // group,
+        total_episodes=total,
+        num_iterations=math.ceil(total / batch),
+    )
