@@ -115,9 +115,8 @@ def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]
     return components
 
 
-# Import cycles still to break; empty it as they go. recipes/base.py imports save_final_model from
-# recipes/on_policy.py, which imports Recipe from base: the function belongs in a module both can import.
-ALLOWED_CYCLES: list[set[str]] = [{"training_wizard.recipes.base", "training_wizard.recipes.on_policy"}]
+# Import cycles still to break, if one ever has to be let in for a while; empty.
+ALLOWED_CYCLES: list[set[str]] = []
 
 
 def test_no_import_cycle_among_the_package_modules():
@@ -151,8 +150,8 @@ def test_no_module_imports_a_private_name_of_another():
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 60  # the def line through the body's last line
 # Files and functions still over a limit while they are reworked; empty these as they go.
-ALLOWED_LONG_FILES = {"training_wizard/trainers/base.py"}
-ALLOWED_LONG_FUNCTIONS = {"training_wizard/rollout/generation.py:sample"}  # "path/to/file.py:qualified.name"
+ALLOWED_LONG_FILES: set[str] = set()
+ALLOWED_LONG_FUNCTIONS: set[str] = set()  # "path/to/file.py:qualified.name"
 
 
 def long_functions(path: Path) -> list[tuple[str, int]]:

@@ -108,7 +108,7 @@ class Recipe(Spec):
     def train_and_save(self, trainer, console, merge_lora: bool = False) -> None:
         """Take output_dir and resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit
         code), save the final model into output_dir/model, write the plots and report."""
-        from training_wizard.recipes.on_policy import save_final_model
+        from training_wizard.recipes.final_model import save_final_model
 
         self.start(trainer, console)
         trainer.train()

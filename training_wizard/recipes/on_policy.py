@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
 from training_wizard.errors import UserError
+from training_wizard.recipes.final_model import save_final_model
 from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
-from training_wizard.sharding import deepspeed_lookup_skipped, unwrap_model
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
@@ -174,23 +174,3 @@ def batch_table(plan: BatchPlan) -> Table:
     for name, value in plan.rows():
         table.add_row(name, str(value))
     return table
-
-
-def save_final_model(trainer, folder: Path, merge_lora: bool = False) -> None:
-    """Hugging Face folder (safetensors) with the tokenizer; a LoRA policy is merged on request."""
-    from training_wizard.checkpoint import save_options
-
-    collectives = trainer.collectives
-    collectives.barrier()
-    state_dict: dict[str, Any] | None = collectives.full_state_dict(trainer.policy)
-    if collectives.is_main:
-        model = unwrap_model(trainer.accelerator, trainer.policy)
-        if merge_lora and hasattr(model, "merge_and_unload"):
-            if state_dict is not None:
-                model.load_state_dict(state_dict)
-                state_dict = None
-            model = model.merge_and_unload()
-        with deepspeed_lookup_skipped(trainer.accelerator):  # save_pretrained unwraps through accelerate
-            model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True, **save_options(model))
-        trainer.tokenizer.save_pretrained(folder)
-    collectives.barrier()

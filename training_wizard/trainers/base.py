@@ -135,10 +135,6 @@ class OnPolicyTrainer(UpdateLoop):
         self.state = RunState(config.seed, len(self.train_prompts))
         self.reward = as_reward(reward_model)
         self._setup_models(policy, ref_policy, additional_models or {})
-        self.optimizer_step = OptimizerStep(
-            self.accelerator, self.collectives, self.optimizer,
-            lambda: [p for model in self.trained_models.values() for p in model.parameters()],
-            config.max_grad_norm, config.skip_nonfinite_batches, self.deepspeed_guard, engine=self.policy)
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
                              for ids in prompts.input_ids)
         self.generation = generation_backend or choose_generation_backend(
@@ -209,6 +205,10 @@ class OnPolicyTrainer(UpdateLoop):
         self.rollout_head_logprobs = models.rollout_head_logprobs
         self.share_prompts_in_update = models.update_shares_prompts
         self.head_logprobs_in_update = models.update_head_logprobs
+        self.optimizer_step = OptimizerStep(
+            self.accelerator, self.collectives, self.optimizer,
+            lambda: [p for model in self.trained_models.values() for p in model.parameters()],
+            self.config.max_grad_norm, self.config.skip_nonfinite_batches, self.deepspeed_guard, engine=self.policy)
 
     @property
     def unwrapped_policy(self) -> torch.nn.Module:
