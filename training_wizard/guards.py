@@ -26,7 +26,7 @@ def all_finite(tensor: torch.Tensor, mask: torch.Tensor | None = None) -> torch.
 
 def rollout_flags(rollout, advantages: torch.Tensor) -> torch.Tensor:
     """Bool (4,) tensor: True where the ROLLOUT_TENSORS entry has a non-finite value."""
-    mask = rollout.response_mask
+    mask = rollout.loss_mask
     advantage_mask = mask if advantages.dim() == 2 else None
     checks = [
         all_finite(rollout.logprobs, mask),

@@ -104,3 +104,19 @@ def save_tiny_model(folder: str | Path, arch: str = "llama", seed: int = 0) -> P
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def scripted_backend(sample):
+    """A generation backend that samples with `sample(model, prompt_ids, prompt_mask, params, seeds,
+    all_finished=None) -> rollout.generation.Generated` over all rows at once: hand it to a trainer as
+    `generation_backend=` to give it fixed completions."""
+    from training_wizard.rollout.backends import GenerationBackend
+
+    class ScriptedBackend(GenerationBackend):
+        name = "scripted"
+        samples_with_training_forward = True  # as the decode loop: logprobs come from the training model
+
+        def sample(self, model, prompt_ids, prompt_mask, params, row_seeds, sharded=False, all_finished=None):
+            return sample(model, prompt_ids, prompt_mask, params, row_seeds, all_finished)
+
+    return ScriptedBackend()

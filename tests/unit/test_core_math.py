@@ -7,6 +7,7 @@ from training_wizard.core.advantages import normalize_and_clip, reward_to_go, rl
 from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
 from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
+from training_wizard.core.groups import repeated_layout_ids
 from training_wizard.core.masking import first_true_index, masked_mean, truncate_after_stop
 
 
@@ -18,7 +19,7 @@ def test_rloo_advantages_match_seed_loop_example():
     for i in range(0, len(rewards), prompts):
         others = [rewards[j : j + prompts] for j in range(0, len(rewards), prompts) if j != i]
         slow[i : i + prompts] = rewards[i : i + prompts] - torch.stack(others).mean(0)
-    advantages = rloo_advantages(rewards, rloo_k)
+    advantages = rloo_advantages(rewards, repeated_layout_ids(rloo_k, prompts))
     torch.testing.assert_close(advantages, slow)
     assert abs(advantages[0].item() - (1 - (2 + 5 + 8) / 3)) < 1e-6
     assert abs(advantages[7].item() - (6 - (3 + 2 + 9) / 3)) < 1e-6
@@ -26,13 +27,13 @@ def test_rloo_advantages_match_seed_loop_example():
 
 def test_rloo_advantages_sum_to_zero_per_prompt():
     rewards = torch.randn(5 * 7, generator=torch.Generator().manual_seed(0))
-    per_prompt = rloo_advantages(rewards, 5).reshape(5, 7).sum(0)
+    per_prompt = rloo_advantages(rewards, repeated_layout_ids(5, 7)).reshape(5, 7).sum(0)
     torch.testing.assert_close(per_prompt, torch.zeros(7), atol=1e-5, rtol=0)
 
 
 def test_equal_rewards_give_zero_advantages_and_no_nan():
     rewards = torch.full((8,), 3.0)
-    advantages = rloo_advantages(rewards, 2)
+    advantages = rloo_advantages(rewards, repeated_layout_ids(2, 4))
     assert torch.equal(advantages, torch.zeros(8))
     assert torch.isfinite(whiten(advantages)).all() and torch.equal(whiten(advantages), torch.zeros(8))
     assert torch.equal(normalize_and_clip(rewards, 10.0), torch.zeros(8))

@@ -10,7 +10,6 @@ import torch
 
 from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
-from training_wizard.rollout.record import Rollout
 from training_wizard.rollout.scoring import (
     batched_logprobs, content_columns, plain_output_head, response_logits, shared_prompt_logits,
 )
@@ -52,8 +51,8 @@ def left_padded(tokenizer, texts):
 def test_sampling_logprobs_equal_a_forward_pass_over_the_completions(tokenizer, tmp_path):
     forward = make_trainer(tokenizer, tmp_path / "a", logprobs_from_sampling=False).collect_rollout()
     sampled = make_trainer(tokenizer, tmp_path / "b", logprobs_from_sampling=True).collect_rollout()
-    assert torch.equal(forward.responses, sampled.responses)
-    mask = forward.response_mask
+    assert torch.equal(forward.completion_ids, sampled.completion_ids)
+    mask = forward.completion_mask
     assert (forward.logprobs - sampled.logprobs)[mask].abs().max() < 1e-5
     assert (sampled.logprobs[~mask] == 0).all()
     assert torch.equal(forward.ref_logprobs, sampled.ref_logprobs)
@@ -253,8 +252,8 @@ def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
         hook.remove()
     forward = trainer("b", logprobs_from_sampling=False).collect_rollout()
     assert adapter_calls == []
-    assert torch.equal(sampled.responses, forward.responses)
-    assert (sampled.logprobs - forward.logprobs)[forward.response_mask].abs().max() < 1e-5
+    assert torch.equal(sampled.completion_ids, forward.completion_ids)
+    assert (sampled.logprobs - forward.logprobs)[forward.completion_mask].abs().max() < 1e-5
 
 
 def test_no_repeated_prompts_keep_the_plain_prefill():
@@ -391,15 +390,14 @@ def test_a_compiled_update_keeps_the_per_row_pass(tokenizer, tmp_path):
 def test_update_rows_are_cut_to_their_content(tokenizer, tmp_path):
     rollout = make_trainer(tokenizer, tmp_path).collect_rollout()
     pad = tokenizer.pad_token_id
-    mask = rollout.response_mask.clone()
+    mask = rollout.completion_mask.clone()
     mask[:, 3:] = False  # every row stopped by token 3
     padded_prompts = torch.cat([torch.full((rollout.num_rows, 2), pad), rollout.prompt_ids], 1)
     padded_mask = torch.cat([torch.zeros(rollout.num_rows, 2, dtype=torch.bool), rollout.prompt_mask], 1)
-    cut = Rollout(prompt_ids=padded_prompts, prompt_mask=padded_mask, responses=rollout.responses,
-                  response_mask=mask, has_stop=rollout.has_stop, logprobs=rollout.logprobs,
-                  ref_logprobs=rollout.ref_logprobs, scores=rollout.scores, queries=rollout.queries,
-                  completions=rollout.completions).rows(torch.arange(4))
-    assert cut["width"] == 3 and cut["responses"].shape == (4, 3) and cut["logprobs"].shape == (4, 3)
+    cut = dataclasses.replace(rollout, prompt_ids=padded_prompts, prompt_mask=padded_mask, completion_mask=mask,
+                              loss_mask=mask).rows(torch.arange(4))
+    assert cut["width"] == 3 and cut["completion_ids"].shape == (4, 3) and cut["logprobs"].shape == (4, 3)
+    assert cut["loss_mask"].shape == (4, 3)
     assert torch.equal(cut["prompt_ids"], rollout.prompt_ids[:4])
 
 
@@ -719,10 +717,10 @@ def test_under_mixed_precision_policy_and_reference_agree_before_the_first_updat
                           train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)],
                           accelerator=bf16_autocast_accelerator)
     rollout = trainer.collect_rollout()
-    assert rollout.response_mask.any()
+    assert rollout.completion_mask.any()
     assert torch.equal(rollout.logprobs, rollout.ref_logprobs)
     # and both are the autocast's: float32 products give other logprobs
     with torch.no_grad():
-        plain = batched_logprobs(trainer.ref_policy, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
-                                 rollout.response_mask, trainer.config.temperature, 64)
-    assert (plain - rollout.ref_logprobs)[rollout.response_mask].abs().max() > 1e-4
+        plain = batched_logprobs(trainer.ref_policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                 rollout.completion_mask, trainer.config.temperature, 64)
+    assert (plain - rollout.ref_logprobs)[rollout.completion_mask].abs().max() > 1e-4

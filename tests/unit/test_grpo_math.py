@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from training_wizard.core.groups import repeated_layout_ids
 from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, group_advantages, grpo_shaped_rewards, high_entropy_mask,
     importance_log_weights, per_token_loss, truncation_mask,
@@ -24,6 +25,8 @@ OLD = torch.tensor([[-1.0, -0.7, -1.8], [-0.3, -0.9, 0.0]])
 ADVANTAGES = torch.tensor([1.0, -1.0])
 ONE_STEP = StepTokens(local=5.0, world=5.0, accumulation_steps=1, processes=1)
 
+
+PAIRS = repeated_layout_ids(2, 2)  # 2 completions of each of 2 prompts, completion j of prompt p at row 2 j + p
 
 def logprobs():
     return torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]], requires_grad=True)
@@ -40,19 +43,19 @@ def loss_and_grad(options: GRPOLossOptions, max_completion_length=4, mask=MASK, 
 def test_group_advantages_by_hand():
     # layout (group, prompt): prompt 0 got rewards {1, 3}, prompt 1 got {0, 4}
     rewards = torch.tensor([1.0, 0.0, 3.0, 4.0])
-    group, zero = group_advantages(rewards, 2, "group")
+    group, zero = group_advantages(rewards, repeated_layout_ids(2, 2), "group")
     # (r - group mean) / (unbiased group std + 1e-4): std sqrt(2) and 2 sqrt(2)
     torch.testing.assert_close(group, torch.tensor([-0.7070568, -0.7070818, 0.7070568, 0.7070818]))
     assert not zero.any()
-    batch, _ = group_advantages(rewards, 2, "batch")  # batch std sqrt(10 / 3) = 1.825742
+    batch, _ = group_advantages(rewards, repeated_layout_ids(2, 2), "batch")  # batch std sqrt(10 / 3) = 1.825742
     torch.testing.assert_close(batch, torch.tensor([-0.5476926, -1.0953851, 0.5476926, 1.0953851]))
-    none, _ = group_advantages(rewards, 2, "none")
+    none, _ = group_advantages(rewards, repeated_layout_ids(2, 2), "none")
     torch.testing.assert_close(none, torch.tensor([-1.0, -2.0, 1.0, 2.0]))
 
 
 def test_group_with_equal_rewards_has_zero_advantage_and_is_flagged():
     rewards = torch.tensor([1.0, 5.0, 3.0, 5.0, 2.0, 5.0])  # prompt 1 always scores 5
-    advantages, zero = group_advantages(rewards, 3, "group")
+    advantages, zero = group_advantages(rewards, repeated_layout_ids(3, 2), "group")
     assert torch.equal(zero, torch.tensor([False, True, False, True, False, True]))
     assert torch.equal(advantages[1::2], torch.zeros(3))
     torch.testing.assert_close(advantages.reshape(3, 2).sum(0), torch.zeros(2), atol=1e-6, rtol=0)
@@ -244,7 +247,7 @@ def test_shaped_rewards_without_reference_have_zero_kl():
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0])
     lp = -torch.rand(4, 3)
     mask = torch.ones(4, 3, dtype=torch.bool)
-    shaped = grpo_shaped_rewards(scores, lp, lp, mask, torch.tensor([True, True, False, True]), 2,
+    shaped = grpo_shaped_rewards(scores, lp, lp, mask, torch.tensor([True, True, False, True]), PAIRS,
                                  mask_truncated_completions=True)
     assert torch.equal(shaped.kl, torch.zeros(4)) and torch.equal(shaped.rlhf_reward, scores)
     assert shaped.loss_mask.sum(-1).tolist() == [3, 3, 0, 3]
@@ -258,10 +261,10 @@ def test_dynamic_sampling_leaves_constant_groups_out_of_the_loss_and_the_token_c
     lp = -torch.rand(4, 3)
     mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
     has_stop = torch.ones(4, dtype=torch.bool)
-    shaped = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, 2, drop_constant_groups=True)
+    shaped = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, PAIRS, drop_constant_groups=True)
     assert shaped.loss_mask.sum(-1).tolist() == [2, 0, 1, 0]
     assert shaped.std_is_zero.tolist() == [False, True, False, True]
-    kept = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, 2)
+    kept = grpo_shaped_rewards(scores, lp, lp, mask, has_stop, PAIRS)
     assert torch.equal(kept.loss_mask, mask) and torch.equal(kept.advantages, shaped.advantages)
     # the token count a dapo step divides by is the loss mask's: prompt 0's 3 tokens, not all 9 real ones
     assert int(shaped.loss_mask.sum()) == 3 and int(mask.sum()) == 9
@@ -275,7 +278,7 @@ def test_dynamic_sampling_drops_constant_groups_from_every_loss_types_divisor(lo
     per_token = torch.tensor([[0.3, -0.2, 9.0], [0.5, 0.1, 0.4], [0.7, 9.0, 9.0], [0.2, -0.6, 0.1]])
     mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, True]])
     lp = torch.zeros(4, 3)
-    shaped = grpo_shaped_rewards(scores, lp, lp, mask, torch.ones(4, dtype=torch.bool), 2, drop_constant_groups=True)
+    shaped = grpo_shaped_rewards(scores, lp, lp, mask, torch.ones(4, dtype=torch.bool), PAIRS, drop_constant_groups=True)
     kept = shaped.kept_rows
     assert kept.tolist() == [True, False, True, False]
     tokens = float(shaped.loss_mask.sum())

@@ -9,7 +9,7 @@ import torch
 
 from training_wizard import GRPOConfig, GRPOTrainer
 from training_wizard.errors import UserError
-from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.testing import build_causal_lm, build_tokenizer, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
 
 GRPO_METRIC_NAMES = [
@@ -38,7 +38,7 @@ def prompts(n=16):
     return [{"prompt": f"Write something {i}."} for i in range(n)]
 
 
-def make_trainer(tokenizer, tmp_path, reward=distinct, policy=None, **overrides):
+def make_trainer(tokenizer, tmp_path, reward=distinct, policy=None, backend=None, **overrides):
     options = dict(
         output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, total_episodes=16,
         response_length=6, num_sample_generations=0, learning_rate=1e-3,
@@ -49,7 +49,7 @@ def make_trainer(tokenizer, tmp_path, reward=distinct, policy=None, **overrides)
     options.update(overrides)
     return GRPOTrainer(
         config=GRPOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-        reward_model=reward, train_dataset=prompts(),
+        reward_model=reward, train_dataset=prompts(), generation_backend=backend,
     )
 
 
@@ -100,7 +100,6 @@ def test_equal_rewards_give_zero_std_and_leave_weights_unchanged(tokenizer, tmp_
 
 
 def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.backends as backends_module
     from training_wizard.rollout.generation import Generated
 
     other = tokenizer.eos_token_id + 5
@@ -109,10 +108,10 @@ def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, mo
         tokens = torch.tensor([[other + row % 3, other, other] for row in range(prompt_ids.shape[0])])
         return Generated(tokens, torch.zeros(tokens.shape))
 
-    monkeypatch.setattr(backends_module, "sample", never_stops)
+    backend = scripted_backend(never_stops)
     policy = build_causal_lm(tokenizer)
     before = copy.deepcopy(policy.state_dict())
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy, mask_truncated_completions=True)
+    trainer = make_trainer(tokenizer, tmp_path, policy=policy, mask_truncated_completions=True, backend=backend)
     trainer.train()
     record = read_metrics(tmp_path)[-1]
     assert record["completions/clipped_ratio"] == 1.0 and record["frac_reward_zero_std"] < 1.0
@@ -143,14 +142,13 @@ def uneven_lengths(tokenizer):
 def test_gradient_accumulation_ends_where_the_whole_batch_does(tokenizer, tmp_path, loss_type, monkeypatch):
     """8 completions per optimizer step as one micro-batch or as 4 micro-batches of 2 (holding different token
     counts): the same weights, so the token normalisation counts the whole step before its first micro-batch."""
-    import training_wizard.rollout.backends as backends_module
 
-    monkeypatch.setattr(backends_module, "sample", uneven_lengths(tokenizer))
+    backend = scripted_backend(uneven_lengths(tokenizer))
     finals = []
     for per_device, accumulation in ((8, 1), (2, 4)):
         trainer = make_trainer(tokenizer, tmp_path / f"{per_device}", per_device_train_batch_size=per_device,
                                gradient_accumulation_steps=accumulation, num_iterations=2, loss_type=loss_type,
-                               learning_rate=3e-3, beta=0.05, total_episodes=16)
+                               learning_rate=3e-3, beta=0.05, total_episodes=16, backend=backend)
         trainer.share_prompts_in_update = False  # the same passes on both sides
         trainer.train()
         finals.append({k: v.clone() for k, v in trainer.unwrapped_policy.state_dict().items()})

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from training_wizard import PPOConfig, PPOTrainer
-from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer
+from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
 
 PPO_METRICS = {
@@ -28,12 +28,12 @@ def offset_x_share(prompts, completions, **columns):
     return [1.0 + share for share in x_share(prompts, completions)]
 
 
-def make_trainer(tokenizer, tmp_path, reward=offset_x_share, policy=None, value_model=None, **overrides):
+def make_trainer(tokenizer, tmp_path, reward=offset_x_share, policy=None, value_model=None, backend=None, **overrides):
     options = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=16, response_length=6,
                    num_sample_generations=0, learning_rate=1e-3)
     options.update(overrides)
     return PPOTrainer(config=PPOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-                      reward_model=reward, value_model=value_model,
+                      reward_model=reward, value_model=value_model, generation_backend=backend,
                       train_dataset=[{"prompt": f"Write something {i}."} for i in range(16)])
 
 
@@ -61,20 +61,19 @@ def test_first_update_with_one_epoch_has_ratio_one(tokenizer, tmp_path):
 
 
 def test_rollout_values_and_advantages_are_zero_after_the_stop(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.backends as backends_module
 
     eos, other = tokenizer.eos_token_id, tokenizer.eos_token_id + 5
 
     def fixed_responses(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
         return torch.tensor([[other, eos, other, other] if row % 2 else [other] * 4 for row in range(len(seeds))])
 
-    monkeypatch.setattr(backends_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
-    trainer = make_trainer(tokenizer, tmp_path, kl_coef=0.1)
+    backend = scripted_backend(lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
+    trainer = make_trainer(tokenizer, tmp_path, kl_coef=0.1, backend=backend)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)
-    padding = ~rollout.response_mask
+    padding = ~rollout.completion_mask
     assert padding[1].tolist() == [False, False, True, True] and not padding[0].any()
-    assert rollout.extras["values"].shape == rollout.responses.shape
+    assert rollout.extras["values"].shape == rollout.completion_ids.shape
     assert (shaped.advantages[padding] == 0).all() and (shaped.returns[padding] == 0).all()
     assert (shaped.advantages[~padding] != 0).all()
 

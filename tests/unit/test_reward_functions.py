@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from training_wizard.rollout.collector import RolloutRequest
 from training_wizard.spec import Spec
 from training_wizard.specs.reward import MultiRewardSpec, RewardSpec
 from training_wizard.specs.reward_functions import RewardFunctionsSpec
@@ -255,9 +256,10 @@ def test_trainer_passes_sampled_ids_and_iteration(tmp_path):
     trainer.train()
     assert [s["step"] for s in seen] == [0, 1]  # two iterations, counted from 0 like TRL's global_step
     assert seen[0]["prompts"][0].startswith("Say ")
-    rollout = trainer.collector.collect(trainer.train_prompts, [0, 1], [11, 12], step=5)
+    rollout = trainer.collector.collect(RolloutRequest(trainer.train_prompts, [0, 1], [11, 12], [0, 1], step=5,
+                                                      policy_version=0))
     assert seen[-1]["step"] == 4  # step 5 as checkpoints count: 4 iterations completed before it
-    sampled = [ids[keep].tolist() for ids, keep in zip(rollout.responses, rollout.response_mask)]
+    sampled = [ids[keep].tolist() for ids, keep in zip(rollout.completion_ids, rollout.completion_mask)]
     assert seen[-1]["ids"] == sampled and all(len(ids) > 0 for ids in sampled)
     assert math.isnan(rollout.components["keep_ids"][0]) and rollout.components["keep_ids"][1] == len(sampled[1])
     assert rollout.scores.tolist() == [rollout.components["count_x"][0],

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from training_wizard.core.groups import repeated_layout_ids
 from training_wizard.core.advantages import RLOOShaping, inverse_std, rloo_shaped_rewards, whiten
 
 # Two prompts, k = 2, laid out [k0 p0, k0 p1, k1 p0, k1 p1]; per-token KL (k1 = logp - ref) on two positions.
@@ -15,7 +16,8 @@ REF = torch.zeros(4, 2)
 
 
 def shape(**options):
-    return rloo_shaped_rewards(SCORES, KL.clone(), REF, MASK, RLOOShaping(rloo_k=2, kl_coef=0.1, **options))
+    return rloo_shaped_rewards(SCORES, KL.clone(), REF, MASK, RLOOShaping(rloo_k=2, kl_coef=0.1, **options),
+                               repeated_layout_ids(2, 2))
 
 
 def test_sequence_level_rewards_and_leave_one_out_advantages():
@@ -39,7 +41,8 @@ def test_whiten_rewards_scales_by_one_over_the_standard_deviation():
 
 def test_normalize_reward_standardises_then_clips_the_scores():
     shaped = rloo_shaped_rewards(SCORES, KL, REF, MASK, RLOOShaping(rloo_k=2, kl_coef=0.0, normalize_reward=True,
-                                                                    reward_clip_range=1.0))
+                                                                    reward_clip_range=1.0),
+                                 repeated_layout_ids(2, 2))
     # scores 1, 2, 3, 0: mean 1.5, unbiased var 5/3; z = -0.3873, 0.3873, 1.1619 -> 1.0, -1.1619 -> -1.0
     z = 0.5 / math.sqrt(5 / 3 + 1e-8)
     torch.testing.assert_close(shaped.rlhf_reward, torch.tensor([-z, z, 1.0, -1.0]))
@@ -58,7 +61,7 @@ def test_token_level_kl_advantages_are_reward_to_go_minus_the_leave_one_out_base
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 7.0]])
     mask = torch.tensor([[True, True, True], [True, True, False]])
     shaped = rloo_shaped_rewards(scores, kl, torch.zeros(2, 3), mask,
-                                 RLOOShaping(rloo_k=2, kl_coef=1.0, token_level_kl=True))
+                                 RLOOShaping(rloo_k=2, kl_coef=1.0, token_level_kl=True), repeated_layout_ids(2, 1))
     # per-token rewards: [-0.1, -0.2, -0.3 + 1.0] and [-0.4, -0.5 + 0.0, masked]; sums 0.4 and -0.9
     torch.testing.assert_close(shaped.rlhf_reward, torch.tensor([0.4, -0.9]))
     torch.testing.assert_close(shaped.non_score_reward, torch.tensor([-0.6, -0.9]))
@@ -81,5 +84,6 @@ def test_advantages_sum_to_zero_per_prompt_with_every_option(k):
     scores, kl = torch.randn(3 * k), torch.randn(3 * k, 5)
     mask = torch.ones(3 * k, 5, dtype=torch.bool)
     shaped = rloo_shaped_rewards(scores, kl, torch.zeros_like(kl), mask,
-                                 RLOOShaping(rloo_k=k, kl_coef=0.2, normalize_reward=True, whiten_rewards=True))
+                                 RLOOShaping(rloo_k=k, kl_coef=0.2, normalize_reward=True, whiten_rewards=True),
+                                 repeated_layout_ids(k, 3))
     torch.testing.assert_close(shaped.advantages.reshape(k, 3).sum(0), torch.zeros(3), atol=1e-5, rtol=0)

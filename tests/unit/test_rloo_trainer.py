@@ -9,7 +9,7 @@ import torch
 from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.errors import UserError
 from training_wizard.rollout.generation import GenerationParams, generate
-from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer
+from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
 
 TRL_METRIC_NAMES = [
@@ -34,7 +34,7 @@ def prompts(n=16):
     return [{"prompt": f"Write something {i}."} for i in range(n)]
 
 
-def make_trainer(tokenizer, tmp_path, reward=x_share, policy=None, **overrides):
+def make_trainer(tokenizer, tmp_path, reward=x_share, policy=None, backend=None, **overrides):
     options = dict(
         output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=16, response_length=6,
         num_sample_generations=0, learning_rate=1e-3,
@@ -42,7 +42,7 @@ def make_trainer(tokenizer, tmp_path, reward=x_share, policy=None, **overrides):
     options.update(overrides)
     return RLOOTrainer(
         config=RLOOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-        reward_model=reward, train_dataset=prompts(),
+        reward_model=reward, train_dataset=prompts(), generation_backend=backend,
     )
 
 
@@ -139,9 +139,9 @@ def test_token_level_kl_first_ratio_is_one(tokenizer, tmp_path):
                            normalize_advantage=True, normalize_reward=True, whiten_rewards=True)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)
-    assert shaped.advantages.shape == rollout.responses.shape
+    assert shaped.advantages.shape == rollout.completion_ids.shape
     assert torch.isfinite(shaped.advantages).all()
-    assert (shaped.advantages[~rollout.response_mask] == 0).all()
+    assert (shaped.advantages[~rollout.completion_mask] == 0).all()
     trainer.state.prompt_order.epoch = 0
     trainer.train()
     assert abs(read_metrics(tmp_path)[0]["val/ratio"] - 1.0) < 1e-6
@@ -183,7 +183,6 @@ def test_attention_dropout_copied_into_modules_is_off_during_the_update(tokenize
 
 
 def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.rollout.backends as backends_module
 
     eos, other = tokenizer.eos_token_id, tokenizer.eos_token_id + 5
 
@@ -191,16 +190,17 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
         rows = prompt_ids.shape[0]  # even rows stop after two tokens, odd rows never stop
         return torch.tensor([[other, eos, other] if row % 2 == 0 else [other, other, other] for row in range(rows)])
 
-    monkeypatch.setattr(backends_module, "sample", lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
+    backend = scripted_backend(lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     classifier = build_sequence_classifier(tokenizer)
-    trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8)
+    trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8,
+                           backend=backend)
     rollout = trainer.collect_rollout()
     assert rollout.has_stop.tolist() == [True, False] * 4
-    assert rollout.response_mask[0].tolist() == [True, True, False]
+    assert rollout.completion_mask[0].tolist() == [True, True, False]
     from training_wizard.rollout.scoring import classifier_scores
 
-    raw = classifier_scores(classifier, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
-                            rollout.response_mask, tokenizer.pad_token_id, 3)
+    raw = classifier_scores(classifier, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                            rollout.completion_mask, tokenizer.pad_token_id, 3)
     torch.testing.assert_close(rollout.scores - raw, torch.tensor([0.0, -5.0] * 4))
 
 

@@ -7,12 +7,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from training_wizard.core.groups import repeated_layout_ids
 from training_wizard.core.advantages import RLOOShaping, rloo_shaped_rewards, whiten
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe
 from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
-from training_wizard.trainers.rloo import RLOOTrainer
+from training_wizard.trainers.rloo import rloo_loss
+from training_wizard.trainers.update import PolicyForward
 
 
 def _ratios(values):
@@ -42,7 +44,8 @@ def _shaped(**options):
     logprobs, ref = torch.zeros(4, 1), torch.full((4, 1), -1.0)
     has_stop = torch.tensor([True, True, True, False])
     shaping = RLOOShaping(rloo_k=2, **options)
-    return rloo_shaped_rewards(scores, logprobs, ref, torch.ones(4, 1, dtype=torch.bool), shaping, has_stop=has_stop)
+    return rloo_shaped_rewards(scores, logprobs, ref, torch.ones(4, 1, dtype=torch.bool), shaping,
+                               repeated_layout_ids(2, 2), has_stop=has_stop)
 
 
 def test_reward_clip_range_pair_clamps_raw_scores_before_the_kl_penalty():
@@ -67,17 +70,15 @@ def test_mask_truncated_completions_takes_the_loss_away_from_truncated_rows_only
 
 
 def test_rloo_trainer_loss_uses_the_loss_mask_and_epsilon_high():
-    """RLOOTrainer.micro_batch_loss on two rows of two tokens at ratio 1: A = [1, -1], the second truncated."""
+    """rloo_loss on two rows of two tokens at ratio 1: A = [1, -1], the second truncated."""
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -1.0]], requires_grad=True)
-    rows = {"response_mask": torch.ones(2, 2, dtype=torch.bool)}
+    rows = {"loss_mask": torch.ones(2, 2, dtype=torch.bool)}
     shaped = {"advantages": torch.tensor([1.0, -1.0]), "loss_mask": torch.tensor([[True, True], [False, False]])}
 
     def loss_of(config, shaped):
         logprobs.grad = None
         token = SimpleNamespace(logprobs=logprobs, entropy=torch.zeros(2, 2))
-        trainer = SimpleNamespace(config=config, policy_logprobs=lambda rows: (token, logprobs.detach()),
-                                  sampling_correction=lambda rows: None)
-        out = RLOOTrainer.micro_batch_loss(trainer, rows, shaped)
+        out = rloo_loss(rows, shaped, PolicyForward(token, logprobs.detach(), None), config)
         out.loss.backward()
         return out.loss.item(), logprobs.grad.tolist()
 

@@ -21,24 +21,27 @@ from typing import Callable
 
 import torch
 
+from training_wizard.core.groups import from_grid, group_members, on_grid
 from training_wizard.core.kl import kl_per_token, sequence_rlhf_reward, token_rewards
 from training_wizard.core.masking import masked_sum, truncation_mask
 
 Moments = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def rloo_advantages(rewards: torch.Tensor, rloo_k: int) -> torch.Tensor:
+def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """REINFORCE Leave-One-Out: each completion's reward minus the mean reward of the other k-1 of its prompt.
 
-    rewards: (rloo_k * P,) laid out as in TRL's RLOO trainer, completion j of prompt p at index j * P + p (the
-    prompts are repeated k times, `queries.repeat(k, 1)`), or already (rloo_k, P). Returns the same layout as the
-    input. Vectorised: baseline = (sum over k - own) / (k - 1). Advantages sum to zero per prompt.
+    rewards: (B,); group_ids: (B,) long, the prompt each completion was sampled from (`core.groups`), every group
+    of the same size k >= 2. Vectorised: baseline = (sum over the group - own) / (k - 1). Advantages sum to zero
+    per prompt.
     """
+    members = group_members(group_ids)
+    rloo_k = members.shape[0]
     if rloo_k < 2:
         raise ValueError(f"rloo_k must be at least 2 for a leave-one-out baseline, got {rloo_k}")
-    grid = rewards.reshape(rloo_k, -1)
+    grid = on_grid(rewards, members)
     baseline = (grid.sum(0, keepdim=True) - grid) / (rloo_k - 1)
-    return (grid - baseline).reshape(rewards.shape)
+    return from_grid(grid - baseline, members)
 
 
 def local_moments(values: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,13 +130,14 @@ def rloo_shaped_rewards(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     options: RLOOShaping,
+    group_ids: torch.Tensor,
     moments: Moments = local_moments,
     has_stop: torch.Tensor | None = None,
 ) -> ShapedRewards:
     """RLOO's rewards and advantages from one rollout (TRL's RLOO trainer; Ahmadian et al. 2024).
 
     scores: (B,) after missing_eos_penalty; logprobs, ref_logprobs: (B, T) at the sampling temperature;
-    mask: (B, T) bool. Rows are in the (rloo_k, prompts) layout of `rloo_advantages`.
+    mask: (B, T) bool, the loss mask (the tokens the policy sampled); group_ids: (B,) the prompt of each row.
 
     Sequence level (default): rlhf_reward = score - kl_coef * sum_t kl_t, advantage = rlhf_reward minus the mean
     of the other k - 1 completions of the prompt. Token level (`token_level_kl`, Reinforce++): each token's
@@ -159,7 +163,7 @@ def rloo_shaped_rewards(
     else:
         rlhf_reward, non_score_reward = sequence_rlhf_reward(scores, kl, mask, options.kl_coef)
     scale = inverse_std(rlhf_reward, moments) if options.whiten_rewards else 1.0
-    sequence_advantages = rloo_advantages(rlhf_reward * scale, options.rloo_k)
+    sequence_advantages = rloo_advantages(rlhf_reward * scale, group_ids)
     if options.token_level_kl:
         baseline = rlhf_reward * scale - sequence_advantages
         advantages = (reward_to_go(per_token * scale, mask) - baseline.unsqueeze(-1)) * mask

@@ -6,8 +6,8 @@ Policy Optimization" (Zheng et al. 2025, GSPO), "MiniMax-M1" (2025, CISPO), "INT
 `delta`), "Beyond the 80/20 Rule" (Wang et al. 2025, training on the highest-entropy tokens), and TRL's GRPO
 trainer docs, whose option names these functions take.
 
-B = completions, T = response width. Rows are in the (group_size, prompts) layout of the rest of the package:
-completion j of prompt p at row j * P + p. `mask` (B, T) bool is True at the tokens that carry loss.
+B = completions, T = response width. `group_ids` (B,) name the prompt each completion was sampled from
+(core/groups.py). `mask` (B, T) bool is True at the tokens that carry loss.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from training_wizard.core.advantages import Moments, ShapedRewards, local_moments
+from training_wizard.core.groups import from_grid, group_members, on_grid
 from training_wizard.core.kl import kl_per_token
+from training_wizard.core.losses import clipped_ratio_loss
 from training_wizard.core.masking import masked_mean, masked_sum, truncation_mask
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
@@ -27,23 +29,24 @@ STD_EPSILON = 1e-4
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", moments: Moments = local_moments
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: str = "group", moments: Moments = local_moments
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO advantages: each reward minus its group's mean, divided by a standard deviation (DeepSeekMath eq. 3).
 
-    rewards: (group_size * P,) in the (group_size, prompts) layout -> (advantages (B,), std_is_zero (B,) bool).
+    rewards, group_ids: (B,) -> (advantages (B,), std_is_zero (B,) bool).
     scale_rewards: "group" divides by the group's standard deviation (the paper), "batch" by the whole batch's
     (`moments` gives it over every process; "A Tricks or Traps? A Deep Dive into RL for LLM Reasoning" argues for
     it), "none" does not divide (Dr. GRPO: the division favours groups that are nearly all right or all wrong).
     Standard deviations are unbiased (n - 1), and STD_EPSILON is added before dividing. `std_is_zero` marks rows
     whose scale (the group's, or the batch's for "batch") is zero: TRL's `frac_reward_zero_std` is its mean.
     """
-    grid = rewards.reshape(group_size, -1)
-    centred = (grid - grid.mean(0, keepdim=True)).reshape(rewards.shape)
+    members = group_members(group_ids)
+    grid = on_grid(rewards, members)
+    centred = from_grid(grid - grid.mean(0, keepdim=True), members)
     if scale_rewards == "batch":
         std = moments(rewards)[1].clamp(min=0).sqrt().expand_as(rewards)
     elif scale_rewards in ("group", "none"):
-        std = grid.std(0, unbiased=True, keepdim=True).expand_as(grid).reshape(rewards.shape)
+        std = from_grid(grid.std(0, unbiased=True, keepdim=True).expand_as(grid), members)
     else:
         raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch' or 'none'")
     advantages = centred if scale_rewards == "none" else centred / (std + STD_EPSILON)
@@ -116,29 +119,24 @@ def per_token_loss(
 ) -> PerTokenLoss:
     """Each token's GRPO loss. logprobs (with gradient), old_logprobs, ref_logprobs: (B, T); advantages: (B,).
 
-    Clipped losses (grpo, bnpo, dr_grpo, dapo): -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A), where r is
-    first capped at `delta` when set (INTELLECT-2's two-sided clip: a negative advantage can no longer push an
-    unbounded ratio). cispo (MiniMax-M1): -sg[min(r, epsilon_high)] A log pi(y_t), every token keeps a gradient,
-    only its weight is capped (TRL's convention: the cap is epsilon_high itself, not 1 + epsilon_high).
+    Clipped losses (grpo, bnpo, dr_grpo, dapo): `core.losses.clipped_ratio_loss`, the one clipped ratio of RLOO and
+    PPO too, with `delta` (INTELLECT-2's two-sided clip). cispo (MiniMax-M1): -sg[min(r, epsilon_high)] A log
+    pi(y_t), every token keeps a gradient, only its weight is capped (TRL's convention: the cap is epsilon_high itself, not 1 + epsilon_high).
     `token_weights` (B, T), e.g. the top-entropy mask, multiply the policy term. With beta > 0 the k3 estimate of
     KL(pi || pi_ref) = exp(ref - logp) - (ref - logp) - 1 is added per token times beta (DeepSeekMath eq. 4).
     """
     log_weights = importance_log_weights(logprobs, old_logprobs, mask, options.importance_sampling_level)
-    ratio = torch.exp(log_weights)
     gain = advantages.unsqueeze(-1)
     if options.loss_type == "cispo":
+        ratio = torch.exp(log_weights)
         capped = torch.clamp(ratio, max=options.upper).detach()
         loss = -capped * gain * logprobs
         low_clipped = torch.zeros_like(mask)
         high_clipped = (ratio.detach() > options.upper) & (gain > 0)
+        ratio = ratio.detach()
     elif options.loss_type in LOSS_TYPES:
-        clipped = torch.clamp(ratio, 1.0 - options.epsilon, 1.0 + options.upper)
-        unclipped = ratio if options.delta is None else torch.clamp(ratio, max=options.delta)
-        loss = -torch.min(unclipped * gain, clipped * gain)
-        # measured on the ratio after the delta cap, as TRL's clip_ratio metrics are: a ratio the cap holds below
-        # 1 + epsilon_high is not clipped by the upper bound
-        low_clipped = (unclipped.detach() < 1.0 - options.epsilon) & (gain < 0)
-        high_clipped = (unclipped.detach() > 1.0 + options.upper) & (gain > 0)
+        out = clipped_ratio_loss(log_weights, gain, options.epsilon, options.upper, options.delta)
+        loss, ratio, low_clipped, high_clipped = out.loss, out.ratio, out.low_clipped, out.high_clipped
     else:
         raise ValueError(f"unknown loss_type {options.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
     if token_weights is not None:
@@ -150,7 +148,7 @@ def per_token_loss(
         kl_term = kl_per_token(logprobs, ref_logprobs, "k3")
         loss = loss + options.beta * kl_term
         kl = kl_term.detach()
-    return PerTokenLoss(loss, ratio.detach(), low_clipped & mask, high_clipped & mask, kl)
+    return PerTokenLoss(loss, ratio, low_clipped & mask, high_clipped & mask, kl)
 
 
 @dataclass(frozen=True)
@@ -223,11 +221,12 @@ class GRPOShapedRewards(ShapedRewards):
     kept_rows: torch.Tensor | None = None  # (B,) bool under dynamic_sampling: the rows left in the loss
 
 
-def constant_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def constant_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """(B,) bool: the rows whose group's rewards are all equal (DAPO's dynamic sampling filters these groups out:
-    their advantages are all 0, so they carry no policy gradient). rewards in the (group_size, prompts) layout."""
-    grid = rewards.reshape(group_size, -1)
-    return (grid == grid[:1]).all(0, keepdim=True).expand_as(grid).reshape(rewards.shape)
+    their advantages are all 0, so they carry no policy gradient). rewards, group_ids: (B,)."""
+    members = group_members(group_ids)
+    grid = on_grid(rewards, members)
+    return from_grid((grid == grid[:1]).all(0, keepdim=True).expand_as(grid), members)
 
 
 def grpo_shaped_rewards(
@@ -236,7 +235,7 @@ def grpo_shaped_rewards(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     has_stop: torch.Tensor,
-    group_size: int,
+    group_ids: torch.Tensor,
     scale_rewards: str = "group",
     mask_truncated_completions: bool = False,
     moments: Moments = local_moments,
@@ -247,10 +246,10 @@ def grpo_shaped_rewards(
     the score; `kl` (B,) is the rollout's summed k3 estimate, for the objective/kl metric. `drop_constant_groups`
     (DAPO's dynamic sampling, without its refill) leaves groups whose rewards are all equal out of the loss mask:
     out of the token counts the dapo/bnpo losses divide by, and out of the KL term."""
-    advantages, std_is_zero = group_advantages(scores, group_size, scale_rewards, moments)
+    advantages, std_is_zero = group_advantages(scores, group_ids, scale_rewards, moments)
     kl = masked_sum(kl_per_token(logprobs, ref_logprobs, "k3"), mask)
     loss_mask = truncation_mask(mask, has_stop) if mask_truncated_completions else mask
-    kept_rows = ~constant_groups(scores, group_size) if drop_constant_groups else None
+    kept_rows = ~constant_groups(scores, group_ids) if drop_constant_groups else None
     if kept_rows is not None:
         loss_mask = loss_mask & kept_rows.unsqueeze(-1)
     return GRPOShapedRewards(

@@ -1,6 +1,7 @@
 """PPO's reward shaping, advantages and value loss (TRL's PPOv2 docs; "The N+ Implementation Details of RLHF with
-PPO", Huang et al. 2024). B = completions, T = response width; `mask` (B, T) bool is True at real response tokens
-(the stop token included); nothing after the last real token gets a reward, value, advantage, return or loss.
+PPO", Huang et al. 2024). B = completions, T = completion width; `mask` (B, T) bool is the loss mask, True at the
+tokens the policy sampled (the stop token included); no other token gets a reward, value, advantage, return or
+loss.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from training_wizard.core.masking import masked_mean, masked_sum
 def gae_advantages(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over each response (Schulman et al. 2016, as in TRL's PPOv2).
+    """Generalised advantage estimation over each completion's loss tokens (Schulman et al. 2016, as in TRL's
+    PPOv2; tokens outside the mask skipped as veRL's GAE skips them).
 
-    rewards, values: (B, T) float; mask: (B, T) bool -> (advantages (B, T), returns (B, T)), zero where masked.
-    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where V and A past the last
-    real token are 0: the episode ends at the stop token (or at response_length). returns = A + V.
+    rewards, values: (B, T) float; mask: (B, T) bool, the loss mask -> (advantages (B, T), returns (B, T)), zero
+    outside the mask. delta_t = r_t + gamma * V_next - V_t and A_t = delta_t + gamma * lam * A_next, where "next"
+    is the next token inside the mask: a token the environment wrote between two replies is stepped over, so
+    the model's tokens get the GAE of the sequence of its own tokens. V and A past the last loss token are 0:
+    the episode ends there. returns = A + V.
     """
     real = mask.to(rewards.dtype)
     rewards, values = rewards * real, values * real
@@ -30,8 +34,11 @@ def gae_advantages(
     next_advantage = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        advantages[:, t] = (delta + gamma * lam * next_advantage) * real[:, t]
-        next_value, next_advantage = values[:, t], advantages[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage * real[:, t]
+        # outside the mask the running values pass through unchanged to the loss token before
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
+        next_advantage = torch.where(mask[:, t], advantage, next_advantage)
     return advantages, (advantages + values) * real
 
 

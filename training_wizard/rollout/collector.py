@@ -5,8 +5,13 @@
   4. logprobs of the policy ("old") and the reference         rollout/scoring.py, + any extra per-token pass
   5. score with the reward (+ missing_eos_penalty)            specs/reward.py or a sequence classifier
 
-`collect` returns a complete, immutable `Rollout`. Another algorithm adds per-token passes over the same
-(prompt, response) batch through `extra_passes` (PPO's value model: `{"values": fn}`) without editing this file.
+`collect` returns a complete, immutable `TrajectoryBatch`. Another algorithm adds per-token passes over the same
+(prompt, completion) batch through `extra_passes` (PPO's value model: `{"values": fn}`) without editing this file.
+
+A rollout source is anything with `collect(request: RolloutRequest) -> TrajectoryBatch` (`RolloutSource`): the
+trainer asks its source for each iteration's batch and reads nothing else of it. `RolloutCollector` is the
+single-turn source; a source of episodes of several turns samples its own way and hands its token batch to
+`RolloutCollector.complete` for the logprob passes and the scores.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -24,7 +29,7 @@ from training_wizard.timeouts import StoppedWhileWaiting, call_with_timeout
 from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts
-from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch, stop_reasons
 from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
@@ -54,14 +59,54 @@ class SamplingSettings:
 
 
 @dataclass(frozen=True)
+class RolloutRequest:
+    """What a trainer asks its rollout source for: dataset rows `rows` of `prompts` (each repeated once per
+    completion it wants), their sampling seeds, the group id of each row, and the step (numbered as metrics and
+    checkpoints are: a training rollout of iteration i is step i + 1; evaluation after step N is step N; reward
+    messages name it). `policy_version`: the optimizer updates the current weights have seen."""
+
+    prompts: EncodedPrompts
+    rows: list[int]
+    seeds: list[int]
+    group_ids: list[int]
+    step: int
+    policy_version: int
+
+
+class RolloutSource(Protocol):
+    """Anything that turns a request into a complete trajectory batch (rollout/trajectory.py)."""
+
+    def collect(self, request: RolloutRequest) -> TrajectoryBatch: ...
+
+
+@dataclass(frozen=True)
 class Sampled:
-    """The token tensors of a sampled batch, before scoring (shapes as in `Rollout`)."""
+    """The token tensors of a sampled batch, before the logprob passes and scoring (shapes as in
+    `TrajectoryBatch`). `sampling_logprobs`: the sampler's logprobs, 0 outside the loss mask; None if it gave none.
+    `seconds`: the time sampling took."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
-    responses: torch.Tensor
-    mask: torch.Tensor
-    has_stop: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    stop_reason: torch.Tensor
+    sampling_logprobs: torch.Tensor | None
+    seconds: float = 0.0
+
+    @property
+    def has_stop(self) -> torch.Tensor:
+        return self.stop_reason != StopReason.LENGTH
+
+
+@dataclass(frozen=True)
+class LogprobPasses:
+    """The no-grad per-token passes over a sampled batch, (B, T) each, and the seconds they took."""
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    extras: dict[str, torch.Tensor]
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -123,44 +168,75 @@ class RolloutCollector:
         self.extra_passes = dict(extra_passes or {})
         self.backend = backend if backend is not None else DecodeLoopBackend(settings.forward_batch_size)
 
-    def collect(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int) -> Rollout:
-        """A complete Rollout for dataset rows `rows` (with their sampling seeds) at `step`, numbered as metrics and
-        checkpoints are (a training rollout of iteration i is step i + 1; evaluation after step N is step N): reward
-        messages name it. A stop signal while the reward runs raises `StoppedWhileWaiting` on every process."""
+    def collect(self, request: RolloutRequest) -> TrajectoryBatch:
+        """A complete TrajectoryBatch of one reply per row. A stop signal while the reward runs raises
+        `StoppedWhileWaiting` on every process."""
+        with self.rollout_engine() as engine:
+            sampled = self.sample(engine, request)
+            passes = self.logprob_passes(engine, sampled)
+        return self.complete(request, sampled, passes)
+
+    @contextlib.contextmanager
+    def rollout_engine(self):
+        """The model the no-grad rollout passes use (`RolloutModel`), in eval mode, inside its context and the
+        accelerator's autocast: accelerate's mixed precision autocasts the prepared policy's forward only; the
+        reference and a reward model run under the same autocast, so that policy and reference agree exactly while
+        they are equal."""
+        engine = rollout_model(self.accelerator, self.policy, self.settings.gather_weights_for_generation)
+        engine.model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
+        with engine.context, self.accelerator.autocast():
+            yield engine
+
+    def sample(self, engine: RolloutModel, request: RolloutRequest) -> Sampled:
+        """One reply per row from the generation backend, truncated after its first stop token."""
         settings, pad = self.settings, self.settings.pad_token_id
         started = time.perf_counter()
-        prompt_ids, prompt_mask = (t.to(self.accelerator.device) for t in prompts.left_pad(rows, pad))
-        engine = rollout_model(self.accelerator, self.policy, settings.gather_weights_for_generation)
-        engine.model.eval()  # no dropout either way; eval lets the KV cache work under gradient checkpointing
-        # accelerate's mixed precision autocasts the prepared policy's forward only; the reference and a reward
-        # model run under the same autocast, so that policy and reference agree exactly while they are equal
-        with engine.context, self.accelerator.autocast():
-            completions = self._sample(engine, prompt_ids, prompt_mask, seeds)
-            responses, mask, has_stop = completions.responses, completions.mask, completions.has_stop
-            generated = time.perf_counter()
-            if settings.logprobs_from_sampling:
-                logprobs = completions.sampling_logprobs
-            else:
-                logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
-            ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
-                            if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
-            extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
-        timings = {"generation": generated - started, "logprobs": time.perf_counter() - generated}
+        prompt_ids, prompt_mask = (t.to(self.accelerator.device) for t in request.prompts.left_pad(request.rows, pad))
+        completions = self._sample(engine, prompt_ids, prompt_mask, request.seeds)
+        responses, mask, has_stop = completions.responses, completions.mask, completions.has_stop
         if not settings.stop_token_ids and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
+        return Sampled(prompt_ids, prompt_mask, responses, mask, mask, stop_reasons(has_stop),
+                       completions.sampling_logprobs, time.perf_counter() - started)
+
+    def logprob_passes(self, engine: RolloutModel, sampled: Sampled) -> LogprobPasses:
+        """The no-grad per-token passes over a sampled batch: the policy's logprobs (or the sampler's, under
+        logprobs_from_sampling), the reference's, and the extra passes. Run inside `rollout_engine()`."""
+        settings = self.settings
+        started = time.perf_counter()
+        prompt_ids, prompt_mask = sampled.prompt_ids, sampled.prompt_mask
+        responses, mask = sampled.completion_ids, sampled.completion_mask
+        if settings.logprobs_from_sampling:
+            logprobs = sampled.sampling_logprobs
+        else:
+            logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+        ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+                        if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
+        extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
+        return LogprobPasses(logprobs, ref_logprobs, extras, time.perf_counter() - started)
+
+    def complete(self, request: RolloutRequest, sampled: Sampled, passes: LogprobPasses) -> TrajectoryBatch:
+        """The scores of a sampled batch with its logprob passes, as one TrajectoryBatch."""
+        pad = self.settings.pad_token_id
+        responses, mask = sampled.completion_ids, sampled.completion_mask
+        timings = {"generation": sampled.seconds, "logprobs": passes.seconds}
         texts = self.tokenizer.batch_decode(
             torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
         )
-        queries = [prompts.queries[i] for i in rows]
+        queries = [request.prompts.queries[i] for i in request.rows]
         scored = time.perf_counter()
-        sampled = Sampled(prompt_ids, prompt_mask, responses, mask, has_stop)
-        scores, components = self._score(prompts, rows, queries, texts, sampled, step)
+        scores, components = self._score(request.prompts, request.rows, queries, texts, sampled, request.step)
         timings["scoring"] = time.perf_counter() - scored
-        return Rollout(
-            prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, response_mask=mask,
-            has_stop=has_stop, logprobs=logprobs, ref_logprobs=ref_logprobs, scores=scores, queries=queries,
-            completions=texts, components=components, extras=extras, timings=timings,
-            sampling_logprobs=None if self.backend.samples_with_training_forward else completions.sampling_logprobs,
+        rows = len(request.rows)
+        return TrajectoryBatch(
+            prompt_ids=sampled.prompt_ids, prompt_mask=sampled.prompt_mask, completion_ids=responses,
+            completion_mask=mask,
+            loss_mask=sampled.loss_mask, stop_reason=sampled.stop_reason,
+            group_ids=torch.tensor(request.group_ids, dtype=torch.long, device=responses.device),
+            policy_version=torch.full((rows,), request.policy_version, dtype=torch.long, device=responses.device),
+            logprobs=passes.logprobs, ref_logprobs=passes.ref_logprobs, scores=scores, queries=queries,
+            completions=texts, components=components, extras=passes.extras, timings=timings,
+            sampling_logprobs=None if self.backend.samples_with_training_forward else sampled.sampling_logprobs,
         )
 
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:
@@ -190,7 +266,7 @@ class RolloutCollector:
         """(scores (B,) float32 after missing_eos_penalty, reward components). A reward error on any process
         stops every process with its message."""
         prompt_ids, prompt_mask, responses, mask, has_stop = (
-            sampled.prompt_ids, sampled.prompt_mask, sampled.responses, sampled.mask, sampled.has_stop
+            sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids, sampled.completion_mask, sampled.has_stop
         )
         components: dict[str, list[float]] = {}
         if isinstance(self.reward, torch.nn.Module):

@@ -2,7 +2,8 @@
 
 One iteration:
   1. take this process's prompts of the shared order          `_next_prompts`
-  2-5. sample, truncate, logprobs (policy, reference), score   `RolloutCollector.collect` (rollout/collector.py)
+  2-5. sample, truncate, logprobs (policy, reference), score   the rollout source's `collect` (rollout/collector.py):
+                                                              a TrajectoryBatch (rollout/trajectory.py)
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
   7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py) + subclass `micro_batch_loss`
   8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
@@ -28,15 +29,13 @@ from accelerate.utils import set_seed
 from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
-from training_wizard.core.importance_sampling import ImportanceWeights, sampling_correction_weights
 from training_wizard.core.kl import kl_per_token
-from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.errors import UserError
-from training_wizard.rollout.collector import RolloutCollector, SamplingSettings
+from training_wizard.rollout.backends import GenerationBackend
+from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
-from training_wizard.rollout.record import Rollout
-from training_wizard.rollout.scoring import response_token_logprobs
+from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
 from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, TrainingInterrupted, fault_point
@@ -44,10 +43,9 @@ from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.setup import (
-    as_reward, generation_backend, prepare_models, resolve_logprobs_from_sampling,
-)
-from training_wizard.trainers.update import MicroBatchLoss, UpdateLoop
+from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
+from training_wizard.trainers.setup import generation_backend as choose_generation_backend
+from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
 
 class RunState:
@@ -84,10 +82,12 @@ class RunState:
 
 @dataclass(frozen=True)
 class PromptBatch:
-    """This process's dataset rows for one iteration, in the (group_size, prompts) layout, and their seeds."""
+    """This process's dataset rows for one iteration, in the (group_size, prompts) layout, their seeds and group
+    ids (the prompt's slot in the iteration's global order: unique over processes)."""
 
     rows: list[int]
     seeds: list[int]
+    group_ids: list[int]
 
 
 class OnPolicyTrainer(UpdateLoop):
@@ -109,7 +109,15 @@ class OnPolicyTrainer(UpdateLoop):
         ref_policy: torch.nn.Module | None = None,
         eval_dataset=None,
         accelerator: Accelerator | None = None,
+        additional_models: dict[str, torch.nn.Module] | None = None,
+        generation_backend: GenerationBackend | None = None,
+        rollout_source: RolloutSource | Callable[[RolloutCollector], RolloutSource] | None = None,
     ):
+        """additional_models: models trained beside the policy with the same optimizer, by checkpoint folder name
+        (PPO's value model). generation_backend: what samples completions (rollout/backends.py), instead of the
+        one the config chooses. rollout_source: what makes each iteration's TrajectoryBatch instead of the
+        single-turn collector; a callable is given that collector (it holds the models, the reward and the
+        backend, and runs the logprob passes and scoring of any token batch) and returns the source."""
         self.tokenizer = tokenizer
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
@@ -128,11 +136,11 @@ class OnPolicyTrainer(UpdateLoop):
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
         self.reward = as_reward(reward_model)
-        self._setup_models(policy, ref_policy)
+        self._setup_models(policy, ref_policy, additional_models or {})
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
                              for ids in prompts.input_ids)
-        self.generation = generation_backend(self.accelerator, config, self.unwrapped_policy, longest_prompt,
-                                             self.collectives)
+        self.generation = generation_backend or choose_generation_backend(
+            self.accelerator, config, self.unwrapped_policy, longest_prompt, self.collectives)
         # decided once: "auto" becomes True or False here (trainers/setup.py)
         self.logprobs_from_sampling = resolve_logprobs_from_sampling(config, self.accelerator, self.unwrapped_policy)
         self.collector = RolloutCollector(
@@ -140,6 +148,10 @@ class OnPolicyTrainer(UpdateLoop):
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
             extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
+        if rollout_source is None:
+            self.rollout_source: RolloutSource = self.collector
+        else:
+            self.rollout_source = rollout_source if hasattr(rollout_source, "collect") else rollout_source(self.collector)
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
@@ -179,10 +191,11 @@ class OnPolicyTrainer(UpdateLoop):
             return ids
         return ()
 
-    def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None) -> None:
+    def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None,
+                      additional_models: dict[str, torch.nn.Module]) -> None:
         """trainers/setup.py prepares every model; its record becomes the trainer's public attributes."""
         models = prepare_models(self.accelerator, self.config, self.plan.num_iterations,
-                                {"model": policy, **self.additional_trained_models()}, ref_policy, self.reward)
+                                {"model": policy, **additional_models}, ref_policy, self.reward)
         self.trained_models, self.update_forward = models.trained, models.update_forward
         self.policy = self.trained_models["model"]
         self.optimizer, self.lr_scheduler = models.optimizer, models.lr_scheduler
@@ -203,32 +216,20 @@ class OnPolicyTrainer(UpdateLoop):
         return self.trained_models
 
     # ---------------------------------------------------------------------------------------------- hooks
-    def additional_trained_models(self) -> dict[str, torch.nn.Module]:
-        """Models trained beside the policy with the same optimizer, by checkpoint folder name (PPO: the value
-        model). Called once during set-up, before accelerate prepares them."""
-        return {}
-
     def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
         """Per-token no-grad passes the collector adds to the rollout (PPO: values). None by default."""
         return {}
 
-    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+    def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         """Step 6: KL-shaped rewards and advantages of this process's rows (statistics over all processes)."""
         raise NotImplementedError
 
-    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        """Step 7, one micro-batch: `rows` from `Rollout.rows`, `shaped` the ShapedRewards tensors of those rows."""
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
+                         forward: PolicyForward, step_totals) -> MicroBatchLoss:
+        """Step 7, one micro-batch: `rows` from `TrajectoryBatch.rows`, `shaped` the ShapedRewards tensors of those
+        rows, `forward` the policy's pass over them, `step_totals` what `optimizer_step_totals` gave for the
+        optimizer step (None by default)."""
         raise NotImplementedError
-
-    def policy_logprobs(self, rows: dict[str, torch.Tensor]) -> tuple[TokenLogprobs, torch.Tensor]:
-        """The policy's logprobs (with gradient) and entropy on `rows`, and the ratio's old side: the rollout's
-        logprobs, or with a single update pass the update's own, detached (the ratio is then exactly 1)."""
-        token = response_token_logprobs(
-            self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
-            self.config.temperature, share_prompts=self.share_prompts_in_update,
-            from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
-        old = token.logprobs.detach() if self.config.single_update_pass else rows["logprobs"]
-        return token, old
 
     # ---------------------------------------------------------------------------------------------- loop
     def train(self, resume_from_checkpoint: str | None = None) -> None:
@@ -272,10 +273,11 @@ class OnPolicyTrainer(UpdateLoop):
             self._stop(stop)
         self._safe_point_after_iteration(stop)
 
-    def collect_rollout(self) -> Rollout:
+    def collect_rollout(self) -> TrajectoryBatch:
         """Steps 1-5: the next prompts of the shared order, sampled and scored."""
         prompts = self._next_prompts()
-        rollout = self.collector.collect(self.train_prompts, prompts.rows, prompts.seeds, self.state.iteration + 1)
+        rollout = self.rollout_source.collect(self._request(self.train_prompts, prompts.rows, prompts.seeds,
+                                                            self.state.iteration + 1, prompts.group_ids))
         fault_point("generation", self.state.iteration)
         return rollout
 
@@ -292,7 +294,15 @@ class OnPolicyTrainer(UpdateLoop):
             for j in range(k)
             for i in range(plan.local_prompts)
         ]
-        return PromptBatch(rows, seeds)
+        group_ids = [first + i for _ in range(k) for i in range(plan.local_prompts)]
+        return PromptBatch(rows, seeds, group_ids)
+
+    def _request(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int,
+                 group_ids: list[int] | None = None) -> RolloutRequest:
+        """A request of the current weights (policy version: the iterations done); by default each row its own
+        group (the sample probes and evaluation sample one completion per prompt)."""
+        return RolloutRequest(prompts, rows, seeds, group_ids if group_ids is not None else list(range(len(rows))),
+                              step, self.state.iteration)
 
     def _record_iteration(self, rollout, shaped, update_stats, update_seconds: float, progress) -> None:
         from training_wizard.checkpoint import save_checkpoint
@@ -320,7 +330,7 @@ class OnPolicyTrainer(UpdateLoop):
             save_checkpoint(self)
 
     # ---------------------------------------------------------------------------------------------- safe points
-    def _safe_point_before_update(self, stop: StopRequest, rollout: Rollout, shaped: ShapedRewards,
+    def _safe_point_before_update(self, stop: StopRequest, rollout: TrajectoryBatch, shaped: ShapedRewards,
                                   start_state: dict[str, Any]) -> bool:
         """Stop here (checkpoint of the iteration's starting state) if any process got a signal; returns whether
         to skip the update. Stop and guard flags are agreed in one all-reduce. A non-finite rollout (logprobs,
@@ -353,7 +363,7 @@ class OnPolicyTrainer(UpdateLoop):
         raise TrainingInterrupted(stop.signum or 15, str(folder), step)
 
     # ---------------------------------------------------------------------------------------------- metrics
-    def _iteration_metrics(self, rollout: Rollout, shaped: ShapedRewards, update_stats: dict[str, float],
+    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped: ShapedRewards, update_stats: dict[str, float],
                            eps: float, lr: float, update_seconds: float) -> dict:
         device = self.accelerator.device
 
@@ -362,11 +372,11 @@ class OnPolicyTrainer(UpdateLoop):
 
         seconds = {**rollout.timings, "update": update_seconds}
         timings = {k: float(self.collectives.mean(torch.tensor(v, device=device))) for k, v in seconds.items()}
-        tokens = rollout.response_mask.sum().float().to(device)
+        tokens = rollout.completion_mask.sum().float().to(device)  # every token sampled or read
         metrics = {
             "eps": eps,
             "objective/kl": mean(shaped.kl),
-            "objective/entropy": mean(-(rollout.logprobs * rollout.response_mask).sum(-1)),
+            "objective/entropy": mean(-(rollout.logprobs * rollout.loss_mask).sum(-1)),
             "objective/non_score_reward": mean(shaped.non_score_reward),
             "objective/rlhf_reward": mean(shaped.rlhf_reward),
             "objective/scores": mean(rollout.scores),
@@ -374,7 +384,7 @@ class OnPolicyTrainer(UpdateLoop):
             # RLOO has no value model: 0 keeps TRL's metric names identical for both trainers.
             "val/clipfrac_avg": update_stats.get("val/clipfrac_avg", 0.0),
             "val/num_eos_tokens": float(self.collectives.sum(rollout.has_stop.sum().float().to(device))),
-            "completions/mean_length": mean(rollout.response_mask.sum(-1)),
+            "completions/mean_length": mean(rollout.loss_mask.sum(-1)),
             "lr": lr,
             "episode": self.state.episode,
             "time/generation": timings["generation"] + timings["logprobs"],
@@ -406,26 +416,11 @@ class OnPolicyTrainer(UpdateLoop):
         squares, count = (float(x) for x in self.collectives.sum(sums.to(self.accelerator.device)))
         return math.sqrt(squares / (count - 1)) if count > 1 else math.nan
 
-    def sampling_correction(self, rows: dict[str, torch.Tensor]) -> ImportanceWeights | None:
-        """The weights that correct the update for another engine (vLLM) having sampled the rows, or None
-        (core/importance_sampling.py): from the rollout's training-pass logprobs and the sampler's."""
-        if "sampling_logprobs" not in rows or not self.config.vllm_importance_sampling_correction:
-            return None
-        return self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["response_mask"])
-
-    def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
-        """The bounded correction weights under the config's mode and bounds."""
-        config = self.config
-        return sampling_correction_weights(
-            logprobs, sampling_logprobs, mask, config.vllm_importance_sampling_mode,
-            config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
-        )
-
-    def _sampling_metrics(self, rollout: Rollout) -> dict[str, float]:
+    def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:
         """TRL's sampling/* metrics: how far the sampler's logprobs are from the training pass's (over every real
         token of every process), and the bounded correction weights (per token, or per completion in sequence
         modes)."""
-        device, mask = self.accelerator.device, rollout.response_mask
+        device, mask = self.accelerator.device, rollout.loss_mask
         difference = (rollout.logprobs - rollout.sampling_logprobs).abs()[mask].float().to(device)
         weights = self._correction_weights(rollout.logprobs, rollout.sampling_logprobs, mask)
         per_sequence = self.config.vllm_importance_sampling_mode.startswith("sequence")
@@ -445,7 +440,7 @@ class OnPolicyTrainer(UpdateLoop):
             "sampling/importance_sampling_ratio/max": float(highest[1]),
         }
 
-    def _sample_table(self, rollout: Rollout, rows: int = 4):
+    def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
         shown = min(rows, rollout.num_rows)
         return self.samples.record(
             self.state.iteration,
@@ -461,7 +456,7 @@ class OnPolicyTrainer(UpdateLoop):
         report.html can show one prompt's completion at the start, middle and end of training."""
         rows = list(range(min(count, len(self.train_prompts))))
         seeds = [row_seed(self.config.seed + 104_729, 0, i) for i in rows]
-        probe = self.collector.collect(self.train_prompts, rows, seeds, self.state.iteration)
+        probe = self.rollout_source.collect(self._request(self.train_prompts, rows, seeds, self.state.iteration))
         self.samples.record(self.state.iteration, self.state.episode, probe.queries, probe.completions,
                             probe.scores.tolist(), dict(probe.components), probe=True)
 
@@ -477,8 +472,8 @@ class OnPolicyTrainer(UpdateLoop):
         real = len(rows)
         rows += [0] * (math.ceil(len(prompts) / world) - real)
         seeds = [row_seed(self.config.seed + 7_919, self.state.iteration, i) for i in rows]
-        rollout = self.collector.collect(prompts, rows, seeds, self.state.iteration)
-        mask = rollout.response_mask
+        rollout = self.rollout_source.collect(self._request(prompts, rows, seeds, self.state.iteration))
+        mask = rollout.loss_mask
         kl = (kl_per_token(rollout.logprobs, rollout.ref_logprobs, self.config.kl_estimator) * mask).sum(-1)
         counted = (torch.arange(len(rows), device=mask.device) < real).float()
         totals = torch.stack([(v.float() * counted).sum() for v in (rollout.scores, kl, mask.sum(-1))] + [counted.sum()])

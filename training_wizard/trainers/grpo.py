@@ -4,9 +4,10 @@ Shao et al. 2024; the variants of DAPO, Dr. GRPO, GSPO and CISPO through `loss_t
 What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
 - step 6, `shape_rewards`: group advantages (reward minus the group mean, scaled by `scale_rewards`), one per
   completion; the KL to the reference is no reward term here but a loss term (`beta`);
-- step 7, `micro_batch_loss`: the clipped per-token loss aggregated by `loss_type`; the dapo/bnpo/cispo token
-  counts of each optimizer step are taken before its first micro-batch (`step_token_counts`), so gradient
-  accumulation and several processes give the whole step's gradient;
+- step 7, `micro_batch_loss`: the clipped per-token loss aggregated by `loss_type` (`grpo_loss`); the
+  dapo/bnpo/cispo token counts of each optimizer step are taken before its first micro-batch
+  (`optimizer_step_totals`) and passed to each of its micro-batches, so gradient accumulation and several
+  processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones (`reward`, `reward_std`, `frac_reward_zero_std`,
   `completions/clipped_ratio`, `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy`, `kl`, `rewards/<name>/mean` and `/std`).
 """
@@ -20,10 +21,10 @@ from training_wizard.core.advantages import ShapedRewards, local_moments
 from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
-from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.config import GRPOConfig
-from training_wizard.trainers.update import MicroBatchLoss
+from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
 class GRPOTrainer(OnPolicyTrainer):
@@ -39,27 +40,27 @@ class GRPOTrainer(OnPolicyTrainer):
     config: GRPOConfig
 
     def __init__(self, config: GRPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
-                 eval_dataset=None, accelerator: Accelerator | None = None):
+                 eval_dataset=None, accelerator: Accelerator | None = None, **sources):
+        """`sources`: `generation_backend` and `rollout_source`, as for every trainer (trainers/base.py)."""
+        super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
+                         train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
+                         accelerator=accelerator, **sources)
         self.loss_options = GRPOLossOptions(
             loss_type=config.loss_type, epsilon=config.cliprange, epsilon_high=config.epsilon_high,
             delta=config.delta, importance_sampling_level=config.importance_sampling_level, beta=config.kl_coef,
         )
-        self.step_tokens: StepTokens | None = None
-        super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
-                         train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
-                         accelerator=accelerator)
 
     # -- step 6 ------------------------------------------------------------------------------------------------
-    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+    def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         config = self.config
         return grpo_shaped_rewards(
-            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.response_mask, rollout.has_stop,
-            config.num_generations, config.scale_rewards, config.mask_truncated_completions,
+            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, rollout.has_stop,
+            rollout.group_ids, config.scale_rewards, config.mask_truncated_completions,
             moments=self.collectives.global_moments(local_moments), drop_constant_groups=config.dynamic_sampling,
         )
 
     # -- step 7 ------------------------------------------------------------------------------------------------
-    def step_token_counts(self, rollout: Rollout, shaped, order: torch.Tensor) -> list[StepTokens]:
+    def optimizer_step_totals(self, shaped, order: torch.Tensor) -> list[StepTokens]:
         """Loss tokens of each mini-batch of this epoch, on this process and over all, and under dynamic_sampling the
         rows left in the loss over all: one all-reduce per epoch."""
         plan = self.plan
@@ -74,43 +75,12 @@ class GRPOTrainer(OnPolicyTrainer):
                            world_rows=float(step_rows) if counted else None)
                 for mine, every, step_rows in zip(local.tolist(), world.tolist(), world_rows.tolist())]
 
-    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        config, mask = self.config, shaped["loss_mask"]
-        token, old = self.policy_logprobs(rows)
-        weights = None
-        if config.top_entropy_quantile < 1.0:
-            weights = high_entropy_mask(token.entropy, mask, config.top_entropy_quantile,
-                                        self._entropy_pool(token.entropy, mask))
-        correction = self.sampling_correction(rows)  # vLLM sampled: weigh the policy term as TRL's GRPO does
-        if correction is not None:
-            weights = correction.token if weights is None else weights * correction.token
-        out = per_token_loss(token.logprobs, old, shaped["advantages"], mask, self.loss_options,
-                             ref_logprobs=shaped["ref_logprobs"], token_weights=weights)
-        loss = aggregate_loss(out.per_token, mask, config.loss_type, self.step_tokens, config.response_length)
-        log_ratio = (token.logprobs.detach() - old).float()
-        clipped = (out.low_clipped | out.high_clipped).float()
-        step_mean = self._step_token_mean
-        stats = {
-            "loss/policy_avg": loss.detach(),
-            "policy/approxkl_avg": step_mean(0.5 * log_ratio**2, mask),
-            "policy/clipfrac_avg": step_mean(clipped, mask),
-            "clip_ratio/low_mean": step_mean(out.low_clipped.float(), mask),
-            "clip_ratio/high_mean": step_mean(out.high_clipped.float(), mask),
-            "clip_ratio/region_mean": step_mean(clipped, mask),
-            "entropy": step_mean(token.entropy, mask),
-        }
-        if config.loss_type == "cispo":  # TRL's name for it under cispo: tokens whose weight hit the cap, A > 0
-            stats["cispo_clip_ratio"] = stats["clip_ratio/high_mean"]
-        if config.kl_coef != 0.0:
-            stats["kl"] = step_mean(out.kl, mask)
-        return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
-
-    def _step_token_mean(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """This micro-batch's share of a token mean over its whole optimizer step (all micro-batches, every
-        process), scaled like the dapo loss: the update averages the shares, so the metric is the step's token
-        mean whatever the split (a per-micro-batch mean would weigh a micro-batch of few tokens like a full one)."""
-        step = self.step_tokens
-        return (values.detach() * mask).sum() * (step.accumulation_steps * step.processes) / max(step.world, 1.0)
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
+                         forward: PolicyForward, step_totals: StepTokens) -> MicroBatchLoss:
+        pool = None
+        if self.config.top_entropy_quantile < 1.0:
+            pool = self._entropy_pool(forward.token.entropy, shaped["loss_mask"])
+        return grpo_loss(shaped, forward, step_totals, self.config, self.loss_options, pool)
 
     def _entropy_pool(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The real tokens' entropies of this micro-batch on every process (the top-entropy threshold's sample,
@@ -122,7 +92,7 @@ class GRPOTrainer(OnPolicyTrainer):
         return pooled[~torch.isnan(pooled)].to(entropy.device)
 
     # -- step 8 ------------------------------------------------------------------------------------------------
-    def _iteration_metrics(self, rollout: Rollout, shaped, update_stats, eps, lr, update_seconds) -> dict:
+    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped, update_stats, eps, lr, update_seconds) -> dict:
         """The shared metrics plus TRL's GRPO names for the rollout's rewards and lengths."""
         metrics = super()._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
         device = self.accelerator.device
@@ -139,3 +109,42 @@ class GRPOTrainer(OnPolicyTrainer):
             metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
             metrics[f"rewards/{name}/std"] = self._component_std(values, metrics[f"rewards/{name}"])
         return metrics
+
+
+def grpo_loss(shaped: dict[str, torch.Tensor], forward: PolicyForward, step: StepTokens, config: GRPOConfig,
+              options: GRPOLossOptions, entropy_pool: torch.Tensor | None = None) -> MicroBatchLoss:
+    """GRPO's loss of one micro-batch and TRL's GRPO statistics, over the shaped loss mask (the rollout's, narrowed
+    by mask_truncated_completions and dynamic_sampling). `step`: the token counts of the optimizer step the
+    micro-batch belongs to; `entropy_pool`: the entropies the top_entropy_quantile threshold is taken over."""
+    mask, token, old = shaped["loss_mask"], forward.token, forward.old_logprobs
+    weights = None
+    if entropy_pool is not None:
+        weights = high_entropy_mask(token.entropy, mask, config.top_entropy_quantile, entropy_pool)
+    if forward.correction is not None:  # vLLM sampled: weigh the policy term as TRL's GRPO does
+        weights = forward.correction.token if weights is None else weights * forward.correction.token
+    out = per_token_loss(token.logprobs, old, shaped["advantages"], mask, options,
+                         ref_logprobs=shaped["ref_logprobs"], token_weights=weights)
+    loss = aggregate_loss(out.per_token, mask, config.loss_type, step, config.response_length)
+    log_ratio = (token.logprobs.detach() - old).float()
+    clipped = (out.low_clipped | out.high_clipped).float()
+
+    def step_mean(values: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of a token mean over its whole optimizer step (all micro-batches, every
+        process), scaled like the dapo loss: the update averages the shares, so the metric is the step's token
+        mean whatever the split (a per-micro-batch mean would weigh a micro-batch of few tokens like a full one)."""
+        return (values.detach() * mask).sum() * (step.accumulation_steps * step.processes) / max(step.world, 1.0)
+
+    stats = {
+        "loss/policy_avg": loss.detach(),
+        "policy/approxkl_avg": step_mean(0.5 * log_ratio**2),
+        "policy/clipfrac_avg": step_mean(clipped),
+        "clip_ratio/low_mean": step_mean(out.low_clipped.float()),
+        "clip_ratio/high_mean": step_mean(out.high_clipped.float()),
+        "clip_ratio/region_mean": step_mean(clipped),
+        "entropy": step_mean(token.entropy),
+    }
+    if config.loss_type == "cispo":  # TRL's name for it under cispo: tokens whose weight hit the cap, A > 0
+        stats["cispo_clip_ratio"] = stats["clip_ratio/high_mean"]
+    if config.kl_coef != 0.0:
+        stats["kl"] = step_mean(out.kl)
+    return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats)

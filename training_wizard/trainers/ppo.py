@@ -19,11 +19,11 @@ from training_wizard.core.advantages import ShapedRewards, local_moments
 from training_wizard.core.losses import clipped_surrogate_token
 from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
 from training_wizard.rollout.collector import SamplingSettings
-from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.rollout.value import value_logits
 from training_wizard.sharding import unwrap_model
 from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.update import MicroBatchLoss
+from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 from training_wizard.trainers.config import PPOConfig
 
 
@@ -43,18 +43,15 @@ class PPOTrainer(OnPolicyTrainer):
     config: PPOConfig
 
     def __init__(self, config: PPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
-                 value_model: torch.nn.Module | None = None, eval_dataset=None, accelerator=None):
-        self._value_model_input = value_model if value_model is not None else _default_value_model(policy, reward_model)
+                 value_model: torch.nn.Module | None = None, eval_dataset=None, accelerator=None, **sources):
+        """`sources`: `generation_backend` and `rollout_source`, as for every trainer (trainers/base.py)."""
+        value_model = value_model if value_model is not None else _default_value_model(policy, reward_model)
         super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
                          train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
-                         accelerator=accelerator)
+                         accelerator=accelerator, additional_models={"value_model": value_model}, **sources)
         self.value_model = self.trained_models["value_model"]
-        del self._value_model_input
 
     # -- hooks of the shared loop -------------------------------------------------------------------------------
-    def additional_trained_models(self) -> dict[str, torch.nn.Module]:
-        return {"value_model": self._value_model_input}
-
     def _sampling_settings(self) -> SamplingSettings:
         settings = super()._sampling_settings()
         if not self.config.non_eos_penalty:
@@ -72,34 +69,40 @@ class PPOTrainer(OnPolicyTrainer):
 
         return {"values": values}
 
-    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+    def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         config = self.config
         options = PPOShaping(kl_coef=config.kl_coef, kl_estimator=config.kl_estimator, gamma=config.gamma,
                              lam=config.lam, whiten_rewards=config.whiten_rewards)
         return ppo_shaped_rewards(
-            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.extras["values"], rollout.response_mask,
+            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.extras["values"], rollout.loss_mask,
             options, moments=self.collectives.global_moments(local_moments),
         )
 
-    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        config, mask = self.config, rows["response_mask"]
-        token, old = self.policy_logprobs(rows)
-        correction = self.sampling_correction(rows)
-        policy_out = clipped_surrogate_token(token.logprobs, old, shaped["advantages"], mask, config.cliprange,
-                                             correction.token if correction is not None else None)
-        value_model = self.update_forward["value_model"]
-        values = value_logits(value_model, rows["prompt_ids"], rows["prompt_mask"], rows["responses"])
-        value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
-                                                        config.cliprange_value)
-        stats = {
-            "loss/policy_avg": policy_out.loss.detach(),
-            "policy/approxkl_avg": policy_out.approxkl,
-            "policy/clipfrac_avg": policy_out.clipfrac,
-            "loss/value_avg": value_loss.detach(),
-            "val/clipfrac_avg": value_clipfrac.detach(),
-        }
-        loss = policy_out.loss + config.vf_coef * value_loss
-        return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=policy_out.ratio, stats=stats)
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
+                         forward: PolicyForward, step_totals=None) -> MicroBatchLoss:
+        values = value_logits(self.update_forward["value_model"], rows["prompt_ids"], rows["prompt_mask"],
+                              rows["completion_ids"])
+        return ppo_loss(rows, shaped, forward, values, self.config)
+
+
+def ppo_loss(rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor], forward: PolicyForward,
+             values: torch.Tensor, config: PPOConfig) -> MicroBatchLoss:
+    """PPO's loss of one micro-batch: the per-token clipped ratio plus vf_coef times the clipped value loss, both
+    over the loss mask. `values` (b, T): the value model's output, with gradient."""
+    mask, correction = rows["loss_mask"], forward.correction
+    policy_out = clipped_surrogate_token(forward.token.logprobs, forward.old_logprobs, shaped["advantages"], mask,
+                                         config.cliprange, correction.token if correction is not None else None)
+    value_loss, value_clipfrac = clipped_value_loss(values, rows["values"], shaped["returns"], mask,
+                                                    config.cliprange_value)
+    stats = {
+        "loss/policy_avg": policy_out.loss.detach(),
+        "policy/approxkl_avg": policy_out.approxkl,
+        "policy/clipfrac_avg": policy_out.clipfrac,
+        "loss/value_avg": value_loss.detach(),
+        "val/clipfrac_avg": value_clipfrac.detach(),
+    }
+    loss = policy_out.loss + config.vf_coef * value_loss
+    return MicroBatchLoss(loss=loss, entropy=forward.token.entropy, ratio=policy_out.ratio, stats=stats)
 
 
 def _default_value_model(policy: torch.nn.Module, reward_model) -> torch.nn.Module:

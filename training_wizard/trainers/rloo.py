@@ -6,10 +6,10 @@ import torch
 
 from training_wizard.core.advantages import RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
-from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.config import RLOOConfig
-from training_wizard.trainers.update import MicroBatchLoss
+from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
 class RLOOTrainer(OnPolicyTrainer):
@@ -24,7 +24,7 @@ class RLOOTrainer(OnPolicyTrainer):
 
     config: RLOOConfig
 
-    def shape_rewards(self, rollout: Rollout) -> ShapedRewards:
+    def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         config = self.config
         options = RLOOShaping(
             rloo_k=config.rloo_k, kl_coef=config.kl_coef, kl_estimator=config.kl_estimator,
@@ -34,20 +34,27 @@ class RLOOTrainer(OnPolicyTrainer):
             mask_truncated_completions=config.mask_truncated_completions,
         )
         return rloo_shaped_rewards(
-            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.response_mask, options,
+            rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, options, rollout.group_ids,
             moments=self.collectives.global_moments(local_moments), has_stop=rollout.has_stop,
         )
 
-    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor]) -> MicroBatchLoss:
-        token, old = self.policy_logprobs(rows)
-        correction = self.sampling_correction(rows)
-        if self.config.token_level_kl:
-            surrogate, weights = clipped_surrogate_token, correction.token if correction is not None else None
-        else:
-            surrogate, weights = clipped_surrogate_sequence, correction.sequence if correction is not None else None
-        mask = shaped.get("loss_mask", rows["response_mask"])  # loss_mask: set by mask_truncated_completions
-        out = surrogate(token.logprobs, old, shaped["advantages"], mask, self.config.cliprange, weights,
-                        cliprange_high=self.config.epsilon_high)
-        stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
-                 "policy/clipfrac_avg": out.clipfrac}
-        return MicroBatchLoss(loss=out.loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
+    def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
+                         forward: PolicyForward, step_totals=None) -> MicroBatchLoss:
+        return rloo_loss(rows, shaped, forward, self.config)
+
+
+def rloo_loss(rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor], forward: PolicyForward,
+              config: RLOOConfig) -> MicroBatchLoss:
+    """RLOO's loss of one micro-batch: the clipped ratio of whole completions, or of tokens with token-level KL,
+    over the loss mask (narrowed by mask_truncated_completions when set)."""
+    correction = forward.correction
+    if config.token_level_kl:
+        surrogate, weights = clipped_surrogate_token, correction.token if correction is not None else None
+    else:
+        surrogate, weights = clipped_surrogate_sequence, correction.sequence if correction is not None else None
+    mask = shaped.get("loss_mask", rows["loss_mask"])  # shaped: mask_truncated_completions took truncated rows out
+    out = surrogate(forward.token.logprobs, forward.old_logprobs, shaped["advantages"], mask, config.cliprange,
+                    weights, cliprange_high=config.epsilon_high)
+    stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
+             "policy/clipfrac_avg": out.clipfrac}
+    return MicroBatchLoss(loss=out.loss, entropy=forward.token.entropy, ratio=out.ratio, stats=stats)

@@ -1,9 +1,10 @@
 """Step 7 of an iteration: the update loop shared by RLOO and PPO (`UpdateLoop._update`).
 
 num_ppo_epochs passes over the rollout, each in num_mini_batches optimizer steps of gradient_accumulation_steps
-micro-batches. A subclass gives the loss of one micro-batch (`micro_batch_loss`); this loop runs its backward,
-checks that logits, loss and gradient are finite (guards.py, agreed across processes), clips, steps or skips,
-and averages the micro-batches' statistics over processes.
+micro-batches. For each micro-batch this loop runs the policy's forward pass (`PolicyForward`), asks the algorithm
+for the loss (`micro_batch_loss`, given everything it reads), runs the backward, checks that logits, loss and
+gradient are finite (guards.py, agreed across processes), clips, steps or skips, and averages the micro-batches'
+statistics over processes. Every statistic of the loop reads the loss mask.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import torch
 
 from training_wizard import guards
 from training_wizard.core.advantages import ShapedRewards
+from training_wizard.core.importance_sampling import ImportanceWeights
+from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.core.masking import masked_mean
+from training_wizard.core.importance_sampling import sampling_correction_weights
 from training_wizard.memory import release_free_host_memory
+from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import engine_kind
-from training_wizard.rollout.record import Rollout
+from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
 
 
@@ -38,12 +43,27 @@ class MicroBatchLoss:
     stats: dict[str, torch.Tensor]  # at least "loss/policy_avg", "policy/approxkl_avg", "policy/clipfrac_avg"
 
 
+@dataclass
+class PolicyForward:
+    """The policy's forward pass over one micro-batch, as every algorithm's loss reads it.
+
+    token: the logprobs (with gradient) and entropy of the completion tokens, (b, T); old_logprobs: (b, T), the
+    ratio's old side: the rollout's logprobs, or with a single update pass the update's own, detached (the ratio is
+    then exactly 1); correction: the weights that correct for another engine (vLLM) having sampled the rows
+    (core/importance_sampling.py), or None.
+    """
+
+    token: TokenLogprobs
+    old_logprobs: torch.Tensor
+    correction: ImportanceWeights | None
+
+
 class UpdateLoop:
     """The update loop of `OnPolicyTrainer` (trainers/base.py), which provides what it reads: `config`, `plan`,
-    `state`, `accelerator`, `collectives`, `trained_models`, `optimizer`, `deepspeed_guard` and the subclass hook
-    `micro_batch_loss`."""
+    `state`, `accelerator`, `collectives`, `trained_models`, `optimizer`, `deepspeed_guard`, `policy_forward` and
+    the algorithm's hooks `micro_batch_loss` and `optimizer_step_totals`."""
 
-    def _update(self, rollout: Rollout, shaped: ShapedRewards) -> dict[str, float]:
+    def _update(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> dict[str, float]:
         """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
 
         `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
@@ -59,15 +79,15 @@ class UpdateLoop:
         ratios: list[torch.Tensor] = []
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
-            step_tokens = self.step_token_counts(rollout, shaped, order)
+            step_totals = self.optimizer_step_totals(shaped, order)
             for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
-                self.step_tokens = step_tokens[mini] if step_tokens is not None else None
+                totals = step_totals[mini] if step_totals is not None else None
                 # non-finite logits, loss: guards.MINI_BATCH_TENSORS without the gradient (checked at the step)
                 flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)
                 for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
                     index = order[start : start + plan.micro_batch_size]
                     with self.accelerator.accumulate(*self.trained_models.values()):
-                        ratios.append(self._micro_step(rollout, shaped, index, stats, flags))
+                        ratios.append(self._micro_step(rollout, shaped, index, totals, stats, flags))
                         if self.accelerator.sync_gradients:
                             self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
                 fault_point("update", self.state.iteration)
@@ -76,24 +96,47 @@ class UpdateLoop:
         summary.update(self._ratio_summary(ratios))
         return summary
 
-    def step_token_counts(self, rollout: Rollout, shaped: ShapedRewards, order: torch.Tensor) -> list | None:
-        """Per mini-batch of this epoch's `order`, what a loss normalised by the whole optimizer step's token count
-        needs to know before its first micro-batch (GRPO's dapo/bnpo); set as `self.step_tokens` for each
-        mini-batch in turn. Called on every process at the same point (it may run a collective). None: unused."""
+    def optimizer_step_totals(self, shaped: ShapedRewards, order: torch.Tensor) -> list | None:
+        """Per mini-batch of this epoch's `order`, what a loss normalised by the whole optimizer step needs to know
+        before its first micro-batch (GRPO's dapo/bnpo token counts); each micro-batch of that mini-batch gets it
+        as `micro_batch_loss`'s `step_totals`. Called on every process at the same point (it may run a
+        collective). None: unused."""
         return None
 
-    def _micro_step(self, rollout, shaped: ShapedRewards, index, stats, flags: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its real ratios (flattened) for val/ratio."""
+    def policy_forward(self, rows: dict[str, torch.Tensor]) -> PolicyForward:
+        """The policy's logprobs (with gradient) and entropy on `rows`, the ratio's old side, and the sampling
+        correction."""
+        config = self.config
+        token = response_token_logprobs(
+            self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"],
+            config.temperature, share_prompts=self.share_prompts_in_update,
+            from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
+        old = token.logprobs.detach() if config.single_update_pass else rows["logprobs"]
+        correction = None
+        if "sampling_logprobs" in rows and config.vllm_importance_sampling_correction:
+            correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
+        return PolicyForward(token, old, correction)
+
+    def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
+        """The bounded correction weights under the config's mode and bounds."""
+        config = self.config
+        return sampling_correction_weights(
+            logprobs, sampling_logprobs, mask, config.vllm_importance_sampling_mode,
+            config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
+        )
+
+    def _micro_step(self, rollout, shaped: ShapedRewards, index, step_totals, stats, flags: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its ratios on loss tokens (flattened) for val/ratio."""
         rows = rollout.rows(index)  # cut to the rows' content: no work on padding
         width = rows.pop("width")
         shaped_rows = {name: value[index, :width] if value.dim() == 2 else value[index]
                        for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
-        out = self.micro_batch_loss(rows, shaped_rows)
+        out = self.micro_batch_loss(rows, shaped_rows, self.policy_forward(rows), step_totals)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")
         with torch.no_grad():  # numerical guard: one isfinite reduction per tensor, no host sync here
             flags |= ~torch.stack([guards.all_finite(out.entropy), guards.all_finite(out.loss.detach())])
-            entropy = masked_mean(out.entropy, rows["response_mask"])
+            entropy = masked_mean(out.entropy, rows["loss_mask"])
         loss = out.loss
         if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
             self.collectives.any_true(*flags.tolist())
@@ -107,7 +150,7 @@ class UpdateLoop:
         for name, value in out.stats.items():
             stats[name].append(value)
         stats["policy/entropy_avg"].append(entropy)
-        return out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["response_mask"]]
+        return out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["loss_mask"]]
 
     def _ratio_summary(self, ratios: list[torch.Tensor]) -> dict[str, float]:
         """val/ratio and val/ratio_var over every ratio of every process, from sums: processes may hold different
