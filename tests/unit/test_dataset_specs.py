@@ -419,11 +419,6 @@ def test_validate_prompts_rejects_empty_dataset():
 # Length filtering
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
 def test_prompt_token_counts_apply_the_chat_template(tokenizer):
     chat = [{"role": "user", "content": "hello there"}]
     text = "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n"
