@@ -1,6 +1,7 @@
 """A whole run through the CLI on a tiny local model with a function reward."""
 
 import json
+import tomllib
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -30,7 +31,10 @@ def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_m
     report = (out / "report.html").read_text()
     assert (out / "metrics.png").stat().st_size > 10_000 and 'src="metrics.png"' in report
     assert "Tell me about" in report and "step 2" in report and "step 4" in report
-    assert (out / "resolved_config.toml").is_file()
+    resolved = tomllib.loads((out / "resolved_config.toml").read_text())  # the recipe as run, defaults filled in
+    assert resolved["recipe_class"] == "training_wizard.recipes.rloo.RLOORecipe"
+    assert (resolved["training"]["total_episodes"], resolved["training"]["eval_steps"]) == (16, 2)
+    assert resolved["reward"]["components"]["vowels"]["weight"] == 2.0
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     start = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
