@@ -12,6 +12,15 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
+def tokenizer():
+    """The tiny byte-level BPE tokenizer: build_tokenizer is deterministic, so one for the session gives every test
+    the tokens its own would give. Tests must not change it (a changed one would leak into the next test)."""
+    from training_wizard.testing import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama + byte-level BPE tokenizer saved as a Hugging Face folder, built once per session."""
     from training_wizard.testing import save_tiny_model

@@ -6,19 +6,14 @@ import errno
 import pytest
 import torch
 
-from training_wizard import RLOOConfig, RLOOTrainer, signals
+from training_wizard import signals
 from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint, load_checkpoint
 from training_wizard.errors import UserError
 from training_wizard.signals import TrainingInterrupted
-from training_wizard.testing import build_causal_lm, build_tokenizer
 from training_wizard.tracking.metrics import read_metrics
 
 from reliability_helpers import assert_bitwise_equal
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+from tests.helpers import distinct, make_rloo_trainer, prompts
 
 
 @pytest.fixture(autouse=True)
@@ -27,17 +22,15 @@ def fresh_faults(monkeypatch):
     monkeypatch.delenv(signals.FAULT_ENV, raising=False)
 
 
-def distinct(prompts, completions, **columns):
-    return [float(len(set(c))) for c in completions]
+# Six prompts, four per iteration: the epochs end inside iterations and between them.
+RESUME_OPTIONS = dict(seed=11, rloo_k=2, per_device_train_batch_size=4, num_mini_batches=2, num_ppo_epochs=2,
+                      total_episodes=8 * 6, response_length=5, learning_rate=2e-3, num_sample_generations=0,
+                      save_steps=1)
 
 
 def make(tokenizer, out, reward=distinct, **overrides):
-    options = dict(output_dir=str(out), seed=11, rloo_k=2, per_device_train_batch_size=4, num_mini_batches=2,
-                   num_ppo_epochs=2, total_episodes=8 * 6, response_length=5, learning_rate=2e-3,
-                   num_sample_generations=0, save_steps=1)
-    options.update(overrides)
-    trainer = RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer),
-                          reward_model=reward, train_dataset=[{"prompt": f"Item {i}."} for i in range(6)])
+    trainer = make_rloo_trainer(tokenizer, out, reward=reward, dataset=prompts(6, "Item {i}."),
+                                **{**RESUME_OPTIONS, **overrides})
     trainer.taken = []
     original = trainer._next_prompts
 

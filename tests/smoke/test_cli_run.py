@@ -1,11 +1,12 @@
 """A whole run through the CLI on a tiny local model with a function reward."""
 
 import json
+import tomllib
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from training_wizard.cli import main
+from tests.helpers import run_recipe
 
 TRL_METRIC_NAMES = {
     "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -14,61 +15,8 @@ TRL_METRIC_NAMES = {
     "time/generation", "time/scoring", "time/update", "tokens_per_s",
 }
 
-RECIPE = """\
-recipe_class = "rloo"
-output_dir = "{out}"
-
-[model]
-pretrained_name = "{model}"
-{lora}
-
-[dataset]
-data_files = "prompts.jsonl"
-
-[eval_dataset]
-data_files = "prompts.jsonl"
-take = 2
-
-[reward]
-spec_class = "training_wizard.specs.reward.MultiRewardSpec"
-[reward.components.length]
-spec = {{ spec_class = "training_wizard.specs.reward.FunctionRewardSpec", function = "run_rewards:length" }}
-[reward.components.vowels]
-weight = 2.0
-spec = {{ spec_class = "training_wizard.specs.reward.FunctionRewardSpec", function = "run_rewards:vowels" }}
-
-[training]
-per_device_train_batch_size = 4
-total_episodes = 16
-response_length = 6
-num_ppo_epochs = 1
-num_sample_generations = 2
-eval_steps = 2
-learning_rate = 1e-3
-"""
-
-REWARDS = """
-def length(prompts, completions, **columns):
-    return [float(len(c)) / 10 for c in completions]
-
-def vowels(prompts, completions, topic, **columns):
-    assert len(topic) == len(completions)  # row columns reach the reward
-    return [float(sum(ch in "aeiou" for ch in c)) for c in completions]
-"""
-
-
-def run(tmp_path, model_dir, lora="", extra=()):
-    (tmp_path / "prompts.jsonl").write_text(
-        "\n".join(json.dumps({"prompt": f"Tell me about {t}.", "topic": t}) for t in ["owls", "ice", "sand", "oak"])
-    )
-    (tmp_path / "run_rewards.py").write_text(REWARDS)
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(RECIPE.format(out=tmp_path / "out", model=model_dir, lora=lora))
-    return main([str(recipe), *extra])
-
-
 def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_model_dir, capsys):
-    assert run(tmp_path, tiny_model_dir) == 0, capsys.readouterr().err
+    assert run_recipe(tmp_path, tiny_model_dir) == 0, capsys.readouterr().err
     out = tmp_path / "out"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "objective/scores" in r]
@@ -83,7 +31,10 @@ def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_m
     report = (out / "report.html").read_text()
     assert (out / "metrics.png").stat().st_size > 10_000 and 'src="metrics.png"' in report
     assert "Tell me about" in report and "step 2" in report and "step 4" in report
-    assert (out / "resolved_config.toml").is_file()
+    resolved = tomllib.loads((out / "resolved_config.toml").read_text())  # the recipe as run, defaults filled in
+    assert resolved["recipe_class"] == "training_wizard.recipes.rloo.RLOORecipe"
+    assert (resolved["training"]["total_episodes"], resolved["training"]["eval_steps"]) == (16, 2)
+    assert resolved["reward"]["components"]["vowels"]["weight"] == 2.0
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     start = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -95,7 +46,7 @@ def test_full_run_writes_metrics_samples_and_a_reloadable_model(tmp_path, tiny_m
 
 
 def test_lora_run_merges_on_request(tmp_path, tiny_model_dir, capsys):
-    code = run(tmp_path, tiny_model_dir, lora='lora = { r = 4, alpha = 8 }', extra=["merge_lora=true"])
+    code = run_recipe(tmp_path, tiny_model_dir, lora='lora = { r = 4, alpha = 8 }', extra=["merge_lora=true"])
     assert code == 0, capsys.readouterr().err
     folder = tmp_path / "out" / "model"
     assert (folder / "model.safetensors").is_file() and not (folder / "adapter_config.json").exists()
@@ -111,8 +62,8 @@ def test_a_lora_recipe_gives_the_same_metrics_whatever_the_process_random_state(
         torch.manual_seed(start_seed)
         folder = tmp_path / str(start_seed)
         folder.mkdir()
-        code = run(folder, tiny_model_dir, lora='lora = { r = 4, alpha = 8 }',
-                   extra=["training.num_ppo_epochs=2", "training.total_episodes=8", "training.eval_steps=100"])
+        code = run_recipe(folder, tiny_model_dir, lora='lora = { r = 4, alpha = 8 }',
+                          extra=["training.num_ppo_epochs=2", "training.total_episodes=8", "training.eval_steps=100"])
         assert code == 0, capsys.readouterr().err
         records = [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
         timing = {"eps", "time/generation", "time/scoring", "time/update", "tokens_per_s"}

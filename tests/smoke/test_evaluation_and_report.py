@@ -108,7 +108,13 @@ def test_plot_overlays_runs_and_refuses_a_folder_without_metrics(tmp_path, capsy
     a, b = make_run(tmp_path / "run-a", 0.0), make_run(tmp_path / "run-b", 0.5)
     out = tmp_path / "both.png"
     assert main(["plot", str(a), str(b), "-o", str(out)]) == 0
-    assert out.stat().st_size > 10_000
+    from PIL import Image
+
+    image = Image.open(out).convert("RGB")
+    assert image.size == (1440, 504)  # two rows of four panels, 16 x 5.6 inches at 90 dpi
+    pixels = {colour: count for count, colour in image.getcolors(image.width * image.height)}
+    # both runs are drawn, in matplotlib's first two colours (one run alone leaves the second at 0)
+    assert pixels.get((31, 119, 180), 0) > 100 and pixels.get((255, 127, 14), 0) > 100
     assert main(["plot", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
 

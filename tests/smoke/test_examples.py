@@ -15,7 +15,11 @@ EXAMPLE_RECIPES = sorted(ROOT.glob("examples/**/config.toml"))
 
 
 def test_there_are_example_recipes():
-    assert ROOT / "examples" / "rloo" / "config.toml" in EXAMPLE_RECIPES
+    # the dry-run test below is parametrized by this list: an empty or partial one would test nothing, silently
+    assert [str(p.relative_to(ROOT)) for p in EXAMPLE_RECIPES] == [
+        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/rloo/config.toml"]
+    # each example trains the algorithm its folder names
+    assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == ["grpo", "ppo", "rloo"]
 
 
 @pytest.mark.parametrize("recipe", EXAMPLE_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))

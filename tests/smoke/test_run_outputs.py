@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from training_wizard.cli import main
 
-from test_cli_run import run
+from tests.helpers import run_recipe
 
 
 def front_matter(card: str) -> dict:
@@ -23,7 +23,7 @@ def test_a_lora_runs_outputs_name_the_base_and_load_from_another_folder(tmp_path
 
     from training_wizard.specs.model import TransformerSpec
 
-    assert run(tmp_path, tiny_model_dir, lora="lora = { r = 4, alpha = 8 }") == 0, capsys.readouterr().err
+    assert run_recipe(tmp_path, tiny_model_dir, lora="lora = { r = 4, alpha = 8 }") == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     out = tmp_path / "out"
     adapter = json.loads((out / "model" / "adapter_config.json").read_text())
@@ -61,7 +61,7 @@ def test_a_lora_runs_outputs_name_the_base_and_load_from_another_folder(tmp_path
 
 
 def test_a_full_runs_model_has_a_transformers_card_and_no_machine_path(tmp_path, tiny_model_dir, capsys):
-    assert run(tmp_path, tiny_model_dir) == 0, capsys.readouterr().err
+    assert run_recipe(tmp_path, tiny_model_dir) == 0, capsys.readouterr().err
     folder = tmp_path / "out" / "model"
     meta = front_matter((folder / "README.md").read_text())
     assert meta["library_name"] == "transformers" and "lora" not in meta["tags"]

@@ -368,9 +368,17 @@ def test_to_dict_round_trip():
 # Validation
 
 
-def test_validate_prompts_accepts_both_formats():
-    validate_prompts(source(data_files=fixture("prompts.jsonl")).load(), "dataset")
-    validate_prompts(source(data_files=fixture("prompts_chat.jsonl")).load(), "dataset")
+def test_validate_prompts_accepts_both_formats(tmp_path):
+    for name in ("prompts.jsonl", "prompts_chat.jsonl"):
+        rows = [json.loads(line) for line in Path(fixture(name)).read_text().splitlines()]
+        loaded = source(data_files=fixture(name)).load()
+        assert loaded["prompt"] == [row["prompt"] for row in rows]  # strings, or lists of messages
+        assert validate_prompts(loaded, "dataset") is None
+        # the same file with one bad row after the good ones: every row was checked, not only the first
+        bad = tmp_path / name
+        bad.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {"prompt": rows[0]["prompt"][:0]}]))
+        with pytest.raises(UserError, match=f"^dataset row {len(rows)}: prompt: "):
+            validate_prompts(source(data_files=str(bad)).load(), "dataset")
 
 
 @pytest.mark.parametrize(
@@ -417,11 +425,6 @@ def test_validate_prompts_rejects_empty_dataset():
 
 # --------------------------------------------------------------------------------------------------------------
 # Length filtering
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def test_prompt_token_counts_apply_the_chat_template(tokenizer):

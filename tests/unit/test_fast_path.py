@@ -15,26 +15,20 @@ from training_wizard.rollout.scoring import (
     batched_logprobs, content_columns, plain_output_head, response_logits, shared_prompt_logits,
 )
 from training_wizard.core.logprobs import head_logprobs, logprobs_and_entropy, selective_logprobs
-from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.testing import build_causal_lm
 from training_wizard.trainers.setup import enable_activation_checkpointing
 from training_wizard.tracking.metrics import read_metrics
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+from tests.helpers import make_rloo_trainer, prompts, x_share
 
 
-def x_share(prompts, completions, **columns):
-    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
+# This file's runs: 4 samples of each of 9 prompts at temperature 1, from a policy of seed 2.
+FAST_PATH_OPTIONS = dict(rloo_k=4, temperature=1.0, seed=4)
 
 
 def make_trainer(tokenizer, tmp_path, **overrides):
-    options = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, rloo_k=4, total_episodes=16,
-                   response_length=6, num_sample_generations=0, learning_rate=1e-3, temperature=1.0, seed=4)
-    options.update(overrides)
-    return RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=2),
-                       reward_model=x_share, train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+    return make_rloo_trainer(tokenizer, tmp_path, policy=build_causal_lm(tokenizer, seed=2), dataset=prompts(9),
+                             **{**FAST_PATH_OPTIONS, **overrides})
 
 
 def starts_a_sequence(forward_kwargs) -> bool:
@@ -242,7 +236,7 @@ def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
             config=RLOOConfig(output_dir=str(tmp_path / folder), per_device_train_batch_size=8, rloo_k=4,
                               total_episodes=16, response_length=6, num_sample_generations=0, seed=4, **options),
             tokenizer=tokenizer, policy=lora_policy(tokenizer), reward_model=x_share,
-            train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+            train_dataset=prompts(9))
 
     fast = trainer("a", logprobs_from_sampling=True)
     adapter_calls = []
@@ -642,7 +636,7 @@ def test_logprobs_from_hidden_states_train_as_the_logits_path_and_never_hold_who
 
             policy = get_peft_model(build_causal_lm(tokenizer, seed=2), LoraConfig(r=4, target_modules="all-linear"))
             trainer = RLOOTrainer(config=trainer.config, tokenizer=tokenizer, policy=policy, reward_model=x_share,
-                                  train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)])
+                                  train_dataset=prompts(9))
         assert trainer.head_logprobs_in_update and trainer.collector.settings.head_logprobs  # the default
         trainer.head_logprobs_in_update = from_hidden_states
         trainer.collector.settings = dataclasses.replace(trainer.collector.settings, head_logprobs=from_hidden_states)
@@ -715,7 +709,7 @@ def test_under_mixed_precision_policy_and_reference_agree_before_the_first_updat
     trainer = RLOOTrainer(config=RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, rloo_k=4,
                                             total_episodes=8, response_length=6, num_sample_generations=0, seed=4),
                           tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=2), reward_model=x_share,
-                          train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)],
+                          train_dataset=prompts(9),
                           accelerator=bf16_autocast_accelerator)
     rollout = trainer.collect_rollout()
     assert rollout.completion_mask.any()

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from training_wizard import GRPOConfig, GRPOTrainer
+from training_wizard import GRPOConfig
 from training_wizard.errors import UserError
-from training_wizard.testing import build_causal_lm, build_tokenizer, scripted_backend
+from training_wizard.testing import build_causal_lm, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
+
+from tests.helpers import make_grpo_trainer, with_logprobs, x_share
 
 GRPO_METRIC_NAMES = [
     "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
@@ -20,42 +22,9 @@ GRPO_METRIC_NAMES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def x_share(prompts, completions, **columns):
-    """Share of characters that are 'x': a reward a tiny model can learn in seconds."""
-    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
-
-
-def distinct(prompts, completions, **columns):
-    return [float(len(set(c))) for c in completions]
-
-
-def prompts(n=16):
-    return [{"prompt": f"Write something {i}."} for i in range(n)]
-
-
-def make_trainer(tokenizer, tmp_path, reward=distinct, policy=None, backend=None, **overrides):
-    options = dict(
-        output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, total_episodes=16,
-        response_length=6, num_sample_generations=0, learning_rate=1e-3,
-        # the separate old-logprob pass: the tests' stand-in samplers give no real logprobs, and a first KL of
-        # exactly 0 needs the policy's and the reference's numbers from one kind of pass
-        logprobs_from_sampling=False,
-    )
-    options.update(overrides)
-    return GRPOTrainer(
-        config=GRPOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-        reward_model=reward, train_dataset=prompts(), generation_backend=backend,
-    )
-
-
 def test_learns_a_learnable_reward(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, reward=x_share, per_device_train_batch_size=16,
-                           total_episodes=16 * 40, response_length=8, learning_rate=1e-2, epsilon_high=0.28)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, reward=x_share, per_device_train_batch_size=16,
+                                total_episodes=16 * 40, response_length=8, learning_rate=1e-2, epsilon_high=0.28)
     trainer.train()
     rewards = [m["reward"] for m in read_metrics(tmp_path)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -75,7 +44,7 @@ def test_defaults_are_trl_1x_and_load_no_reference(tokenizer, tmp_path, monkeypa
         raise AssertionError("beta = 0 must not run a reference pass")
 
     monkeypatch.setattr(collector_module.RolloutCollector, "_reference_logprobs", no_reference_pass)
-    trainer = make_trainer(tokenizer, tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=4)
     assert trainer.ref_policy is None and not trainer.uses_adapter_as_reference
     trainer.train()
     first = read_metrics(tmp_path)[0]
@@ -90,7 +59,7 @@ def test_defaults_are_trl_1x_and_load_no_reference(tokenizer, tmp_path, monkeypa
 def test_equal_rewards_give_zero_std_and_leave_weights_unchanged(tokenizer, tmp_path):
     policy = build_causal_lm(tokenizer)
     before = copy.deepcopy(policy.state_dict())
-    trainer = make_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [0.5] * len(c), policy=policy)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [0.5] * len(c), policy=policy)
     trainer.train()
     record = read_metrics(tmp_path)[-1]
     assert record["frac_reward_zero_std"] == 1.0 and record["reward_std"] == 0.0 and record["reward"] == 0.5
@@ -100,18 +69,15 @@ def test_equal_rewards_give_zero_std_and_leave_weights_unchanged(tokenizer, tmp_
 
 
 def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, monkeypatch):
-    from training_wizard.rollout.generation import Generated
-
     other = tokenizer.eos_token_id + 5
 
     def never_stops(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
-        tokens = torch.tensor([[other + row % 3, other, other] for row in range(prompt_ids.shape[0])])
-        return Generated(tokens, torch.zeros(tokens.shape))
+        return with_logprobs(torch.tensor([[other + row % 3, other, other] for row in range(prompt_ids.shape[0])]))
 
     backend = scripted_backend(never_stops)
     policy = build_causal_lm(tokenizer)
     before = copy.deepcopy(policy.state_dict())
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy, mask_truncated_completions=True, backend=backend)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, policy=policy, mask_truncated_completions=True, backend=backend)
     trainer.train()
     record = read_metrics(tmp_path)[-1]
     assert record["completions/clipped_ratio"] == 1.0 and record["frac_reward_zero_std"] < 1.0
@@ -123,8 +89,6 @@ def test_truncated_completions_carry_no_loss_when_masked(tokenizer, tmp_path, mo
 def uneven_lengths(tokenizer):
     """A sampler whose rows stop after 1 to 5 tokens (row-dependent tokens), so micro-batches hold different
     token counts (the tiny random model never emits its EOS within a few tokens)."""
-    from training_wizard.rollout.generation import Generated
-
     eos = tokenizer.eos_token_id
 
     def sample(model, prompt_ids, prompt_mask, params, seeds, all_finished=None):
@@ -132,8 +96,7 @@ def uneven_lengths(tokenizer):
         for row, seed in enumerate(seeds):
             length = 1 + (seed + row) % 5
             rows.append([10 + (seed * (t + 3)) % 200 for t in range(length)] + [eos] * (6 - length))
-        tokens = torch.tensor(rows)
-        return Generated(tokens, torch.zeros(tokens.shape))
+        return with_logprobs(torch.tensor(rows))
 
     return sample
 
@@ -146,9 +109,9 @@ def test_gradient_accumulation_ends_where_the_whole_batch_does(tokenizer, tmp_pa
     backend = scripted_backend(uneven_lengths(tokenizer))
     finals = []
     for per_device, accumulation in ((8, 1), (2, 4)):
-        trainer = make_trainer(tokenizer, tmp_path / f"{per_device}", per_device_train_batch_size=per_device,
-                               gradient_accumulation_steps=accumulation, num_iterations=2, loss_type=loss_type,
-                               learning_rate=3e-3, beta=0.05, total_episodes=16, backend=backend)
+        trainer = make_grpo_trainer(tokenizer, tmp_path / f"{per_device}", per_device_train_batch_size=per_device,
+                                    gradient_accumulation_steps=accumulation, num_iterations=2, loss_type=loss_type,
+                                    learning_rate=3e-3, beta=0.05, total_episodes=16, backend=backend)
         trainer.share_prompts_in_update = False  # the same passes on both sides
         trainer.train()
         finals.append({k: v.clone() for k, v in trainer.unwrapped_policy.state_dict().items()})
@@ -163,8 +126,8 @@ def test_beta_uses_the_lora_base_as_reference_and_logs_kl(tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     policy = get_peft_model(build_causal_lm(tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy, beta=0.1, total_episodes=24, learning_rate=1e-2,
-                           num_iterations=2)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, policy=policy, beta=0.1, total_episodes=24, learning_rate=1e-2,
+                                num_iterations=2)
     assert trainer.ref_policy is None and trainer.uses_adapter_as_reference
     trainer.train()
     metrics = read_metrics(tmp_path)
@@ -179,7 +142,7 @@ def test_beta_uses_the_lora_base_as_reference_and_logs_kl(tokenizer, tmp_path):
     {"top_entropy_quantile": 0.2, "scale_rewards": "batch"},
 ], ids=["gspo", "cispo", "dr_grpo", "top_entropy"])
 def test_loss_variants_train_with_finite_metrics(tokenizer, tmp_path, options):
-    trainer = make_trainer(tokenizer, tmp_path, num_iterations=2, total_episodes=16, **options)
+    trainer = make_grpo_trainer(tokenizer, tmp_path, num_iterations=2, total_episodes=16, **options)
     trainer.train()
     for record in read_metrics(tmp_path):
         assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
@@ -218,10 +181,10 @@ def test_config_reads_trl_names_and_checks_them():
 def test_top_k_1_makes_every_group_identical(tokenizer, tmp_path):
     """The filters reach the sampler: with top_k 1 the k samples of a prompt are the same completion, so every
     group's rewards are equal (with top_k 0 the tiny model's groups differ)."""
-    trainer = make_trainer(tokenizer, tmp_path / "k1", top_k=1, total_episodes=8)
+    trainer = make_grpo_trainer(tokenizer, tmp_path / "k1", top_k=1, total_episodes=8)
     trainer.train()
     assert read_metrics(tmp_path / "k1")[0]["frac_reward_zero_std"] == 1.0
-    trainer = make_trainer(tokenizer, tmp_path / "k0", total_episodes=8)
+    trainer = make_grpo_trainer(tokenizer, tmp_path / "k0", total_episodes=8)
     trainer.train()
     assert read_metrics(tmp_path / "k0")[0]["frac_reward_zero_std"] == 0.0
 

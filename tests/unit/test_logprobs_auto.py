@@ -8,17 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from training_wizard import RLOOConfig, RLOOTrainer
-from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard import RLOOConfig
+from training_wizard.testing import build_causal_lm
 from training_wizard.tracking.metrics import read_metrics
 from training_wizard.trainers.setup import resolve_logprobs_from_sampling
 
+from tests.helpers import make_rloo_trainer, prompts
+
 TIMING = ("eps", "tokens_per_s")  # wall-clock figures differ between any two runs
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def variety(prompts, completions, **columns):
@@ -27,14 +24,14 @@ def variety(prompts, completions, **columns):
     return [len(set(c)) / max(1, len(c)) for c in completions]
 
 
+# This file's runs: 4 iterations of 4 samples of each of 9 prompts at temperature 1, two epochs each, from a
+# policy of seed 2.
+AUTO_OPTIONS = dict(rloo_k=4, total_episodes=32, temperature=1.0, seed=4, num_ppo_epochs=2)
+
+
 def make_trainer(tokenizer, folder, accelerator=None, dtype=torch.float32, **overrides):
-    options = dict(output_dir=str(folder), per_device_train_batch_size=8, rloo_k=4, total_episodes=32,
-                   response_length=6, num_sample_generations=0, learning_rate=1e-3, temperature=1.0, seed=4,
-                   num_ppo_epochs=2)
-    options.update(overrides)
-    return RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer,
-                       policy=build_causal_lm(tokenizer, seed=2).to(dtype), reward_model=variety,
-                       train_dataset=[{"prompt": f"Write something {i}."} for i in range(9)], accelerator=accelerator)
+    return make_rloo_trainer(tokenizer, folder, reward=variety, policy=build_causal_lm(tokenizer, seed=2).to(dtype),
+                             dataset=prompts(9), accelerator=accelerator, **{**AUTO_OPTIONS, **overrides})
 
 
 def test_auto_is_the_default():

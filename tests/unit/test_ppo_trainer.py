@@ -3,9 +3,11 @@
 import pytest
 import torch
 
-from training_wizard import PPOConfig, PPOTrainer
-from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer, scripted_backend
+from training_wizard import PPOConfig
+from training_wizard.testing import build_causal_lm, build_sequence_classifier, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
+
+from tests.helpers import make_ppo_trainer, offset_x_share, with_logprobs
 
 PPO_METRICS = {
     "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -14,34 +16,11 @@ PPO_METRICS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def x_share(prompts, completions, **columns):
-    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
-
-
-def offset_x_share(prompts, completions, **columns):
-    """x_share plus 1: the value model (its head starts at zero) has a baseline of 1 to learn."""
-    return [1.0 + share for share in x_share(prompts, completions)]
-
-
-def make_trainer(tokenizer, tmp_path, reward=offset_x_share, policy=None, value_model=None, backend=None, **overrides):
-    options = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=16, response_length=6,
-                   num_sample_generations=0, learning_rate=1e-3)
-    options.update(overrides)
-    return PPOTrainer(config=PPOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-                      reward_model=reward, value_model=value_model, generation_backend=backend,
-                      train_dataset=[{"prompt": f"Write something {i}."} for i in range(16)])
-
-
 def test_ppo_learns_a_learnable_reward_and_its_value_loss_falls(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, reward=offset_x_share, per_device_train_batch_size=16,
-                           total_episodes=16 * 40,
-                           response_length=8, num_ppo_epochs=2, learning_rate=3e-3, temperature=1.0, kl_coef=0.0,
-                           vf_coef=0.5)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, reward=offset_x_share, per_device_train_batch_size=16,
+                               total_episodes=16 * 40,
+                               response_length=8, num_ppo_epochs=2, learning_rate=3e-3, temperature=1.0, kl_coef=0.0,
+                               vf_coef=0.5)
     trainer.train()
     metrics = read_metrics(tmp_path)
     scores = [m["objective/scores"] for m in metrics]
@@ -52,7 +31,7 @@ def test_ppo_learns_a_learnable_reward_and_its_value_loss_falls(tokenizer, tmp_p
 
 
 def test_first_update_with_one_epoch_has_ratio_one(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=1, kl_coef=0.1, total_episodes=8)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, num_ppo_epochs=1, kl_coef=0.1, total_episodes=8)
     trainer.train()
     first = read_metrics(tmp_path)[0]
     assert abs(first["val/ratio"] - 1.0) < 1e-6 and first["val/ratio_var"] < 1e-10
@@ -68,7 +47,7 @@ def test_rollout_values_and_advantages_are_zero_after_the_stop(tokenizer, tmp_pa
         return torch.tensor([[other, eos, other, other] if row % 2 else [other] * 4 for row in range(len(seeds))])
 
     backend = scripted_backend(lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
-    trainer = make_trainer(tokenizer, tmp_path, kl_coef=0.1, backend=backend)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, kl_coef=0.1, backend=backend)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)
     padding = ~rollout.completion_mask
@@ -80,7 +59,7 @@ def test_rollout_values_and_advantages_are_zero_after_the_stop(tokenizer, tmp_pa
 
 def test_value_model_defaults_to_a_copy_of_a_reward_model(tokenizer, tmp_path):
     classifier = build_sequence_classifier(tokenizer)
-    trainer = make_trainer(tokenizer, tmp_path, reward=classifier)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, reward=classifier)
     value = trainer.accelerator.unwrap_model(trainer.value_model)
     assert value is not classifier
     for (name, a), b in zip(value.state_dict().items(), classifier.state_dict().values()):
@@ -89,8 +68,8 @@ def test_value_model_defaults_to_a_copy_of_a_reward_model(tokenizer, tmp_path):
 
 
 def test_non_eos_penalty_replaces_the_score_of_unfinished_completions(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [5.0] * len(c), non_eos_penalty=True,
-                           penalty_reward_value=-3.0)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [5.0] * len(c), non_eos_penalty=True,
+                               penalty_reward_value=-3.0)
     rollout = trainer.collect_rollout()
     expected = torch.where(rollout.has_stop, torch.tensor(5.0), torch.tensor(-3.0))
     assert (~rollout.has_stop).any()
@@ -106,7 +85,7 @@ def test_lora_policy_and_value_train_only_adapters_and_head(tokenizer, tmp_path)
     from peft import LoraConfig, get_peft_model
 
     policy = get_peft_model(build_causal_lm(tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy)
+    trainer = make_ppo_trainer(tokenizer, tmp_path, policy=policy)
     value = trainer.accelerator.unwrap_model(trainer.value_model)
     trainable = [name for name, p in value.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in name or "score" in name for name in trainable), trainable
@@ -131,10 +110,3 @@ def test_value_logits_read_the_head_at_the_position_before_each_response_token(t
     torch.testing.assert_close(values[1], value.score(hidden[0, 2:4]).squeeze(-1))
     changed = value_logits(value, prompt, prompt_mask, torch.tensor([[31, 99], [41, 99]]))
     torch.testing.assert_close(changed, values)  # the last response token never changes a value
-
-
-def with_logprobs(tokens: torch.Tensor):
-    """A sampler's output for fixed tokens (logprobs unused unless logprobs_from_sampling is set)."""
-    from training_wizard.rollout.generation import Generated
-
-    return Generated(tokens, torch.zeros(tokens.shape))

@@ -9,14 +9,8 @@ import torch
 
 from training_wizard.cli import main
 from training_wizard.errors import UserError
-from training_wizard.testing import build_tokenizer
 from training_wizard.trainers.config import RewardConfig
 from training_wizard.trainers.reward_model import collate_pairs, encode_pair
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def ids(tokenizer, text):

@@ -6,11 +6,13 @@ import math
 import pytest
 import torch
 
-from training_wizard import RLOOConfig, RLOOTrainer
+from training_wizard import RLOOConfig
 from training_wizard.errors import UserError
 from training_wizard.rollout.generation import GenerationParams, generate
-from training_wizard.testing import build_causal_lm, build_sequence_classifier, build_tokenizer, scripted_backend
+from training_wizard.testing import build_causal_lm, build_sequence_classifier, scripted_backend
 from training_wizard.tracking.metrics import read_metrics
+
+from tests.helpers import distinct, make_rloo_trainer, with_logprobs
 
 TRL_METRIC_NAMES = [
     "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
@@ -20,38 +22,12 @@ TRL_METRIC_NAMES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def x_share(prompts, completions, **columns):
-    """Share of characters that are 'x': a reward a tiny model can learn in seconds."""
-    return [sum(ch == "x" for ch in c) / max(1, len(c)) for c in completions]
-
-
-def prompts(n=16):
-    return [{"prompt": f"Write something {i}."} for i in range(n)]
-
-
-def make_trainer(tokenizer, tmp_path, reward=x_share, policy=None, backend=None, **overrides):
-    options = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=16, response_length=6,
-        num_sample_generations=0, learning_rate=1e-3,
-    )
-    options.update(overrides)
-    return RLOOTrainer(
-        config=RLOOConfig(**options), tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer),
-        reward_model=reward, train_dataset=prompts(), generation_backend=backend,
-    )
-
-
 @pytest.mark.parametrize("options", [{"num_ppo_epochs": 2},
                                      {"num_ppo_epochs": 1, "logprobs_from_sampling": True, "learning_rate": 6e-3}],
                          ids=["two_epochs", "fast_path"])
 def test_learns_a_learnable_reward(tokenizer, tmp_path, options):
     # the fast path takes one optimizer step per rollout instead of two: twice the rate for the same distance
-    trainer = make_trainer(
+    trainer = make_rloo_trainer(
         tokenizer, tmp_path, rloo_k=4, per_device_train_batch_size=16, total_episodes=16 * 40, response_length=8,
         **{"learning_rate": 3e-3, **options}, temperature=1.0, kl_coef=0.0,
     )
@@ -63,7 +39,7 @@ def test_learns_a_learnable_reward(tokenizer, tmp_path, options):
 
 
 def test_first_iteration_ratio_is_one_clipfrac_zero_kl_zero(tokenizer, tmp_path):
-    trainer = make_trainer(
+    trainer = make_rloo_trainer(
         tokenizer, tmp_path, num_ppo_epochs=1, num_mini_batches=1, gradient_accumulation_steps=2,
         per_device_train_batch_size=4, total_episodes=8,
         logprobs_from_sampling=False,  # policy and reference by one computation: a KL of exactly 0
@@ -81,7 +57,8 @@ def test_first_iteration_ratio_is_one_clipfrac_zero_kl_zero(tokenizer, tmp_path)
 def test_equal_rewards_leave_weights_unchanged_and_finite(tokenizer, tmp_path):
     policy = build_causal_lm(tokenizer)
     before = copy.deepcopy(policy.state_dict())
-    trainer = make_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [0.5] * len(c), policy=policy, kl_coef=0.0)
+    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=lambda p, c, **k: [0.5] * len(c), policy=policy,
+                                kl_coef=0.0)
     trainer.train()
     record = read_metrics(tmp_path)[-1]
     assert all(math.isfinite(v) for v in record.values() if isinstance(v, float))
@@ -123,9 +100,8 @@ def test_lora_policy_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     policy = get_peft_model(build_causal_lm(tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
-    distinct_chars = lambda p, c, **k: [float(len(set(x))) for x in c]  # noqa: E731 - varies between samples
-    trainer = make_trainer(tokenizer, tmp_path, reward=distinct_chars, policy=policy, total_episodes=16,
-                           learning_rate=1e-2, logprobs_from_sampling=False)  # exact KL 0 at the start
+    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=distinct, policy=policy, total_episodes=16,
+                                learning_rate=1e-2, logprobs_from_sampling=False)  # exact KL 0 at the start
     assert trainer.ref_policy is None and trainer.uses_adapter_as_reference
     trainer.train()
     metrics = read_metrics(tmp_path)
@@ -135,8 +111,8 @@ def test_lora_policy_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
 
 
 def test_token_level_kl_first_ratio_is_one(tokenizer, tmp_path):
-    trainer = make_trainer(tokenizer, tmp_path, token_level_kl=True, num_ppo_epochs=1, kl_coef=0.1,
-                           normalize_advantage=True, normalize_reward=True, whiten_rewards=True)
+    trainer = make_rloo_trainer(tokenizer, tmp_path, token_level_kl=True, num_ppo_epochs=1, kl_coef=0.1,
+                                normalize_advantage=True, normalize_reward=True, whiten_rewards=True)
     rollout = trainer.collect_rollout()
     shaped = trainer.shape_rewards(rollout)
     assert shaped.advantages.shape == rollout.completion_ids.shape
@@ -150,8 +126,8 @@ def test_token_level_kl_first_ratio_is_one(tokenizer, tmp_path):
 def test_gradient_checkpointing_gives_the_same_update(tokenizer, tmp_path):
     finals = []
     for checkpointing in (False, True):
-        trainer = make_trainer(tokenizer, tmp_path / str(checkpointing), gradient_checkpointing=checkpointing,
-                               reward=lambda p, c, **k: [float(len(set(x))) for x in c], num_ppo_epochs=2)
+        trainer = make_rloo_trainer(tokenizer, tmp_path / str(checkpointing), gradient_checkpointing=checkpointing,
+                                    reward=distinct, num_ppo_epochs=2)
         trainer.share_prompts_in_update = False  # the same passes on both sides (checkpointing disables sharing)
         trainer.train()
         finals.append({k: v.clone() for k, v in trainer.unwrapped_policy.state_dict().items()})
@@ -162,7 +138,8 @@ def test_gradient_checkpointing_gives_the_same_update(tokenizer, tmp_path):
 
 def test_bfloat16_policy_trains_with_float32_logprobs(tokenizer, tmp_path):
     policy = build_causal_lm(tokenizer).to(torch.bfloat16)
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy, reward=lambda p, c, **k: [float(len(x)) for x in c])
+    trainer = make_rloo_trainer(tokenizer, tmp_path, policy=policy,
+                                reward=lambda p, c, **k: [float(len(x)) for x in c])
     rollout = trainer.collect_rollout()
     assert rollout.logprobs.dtype == torch.float32 and rollout.ref_logprobs.dtype == torch.float32
     trainer.train()
@@ -174,8 +151,8 @@ def test_attention_dropout_copied_into_modules_is_off_during_the_update(tokenize
     # Llama attention copies config.attention_dropout when it is built; only turning it off on the modules
     # makes the update's forward pass match the rollout's, so the first ratio is exactly 1.
     policy = build_causal_lm(tokenizer, attention_dropout=0.5)
-    trainer = make_trainer(tokenizer, tmp_path, policy=policy, num_ppo_epochs=1, total_episodes=8,
-                           reward=lambda p, c, **k: [float(len(set(x))) for x in c])
+    trainer = make_rloo_trainer(tokenizer, tmp_path, policy=policy, num_ppo_epochs=1, total_episodes=8,
+                                reward=distinct)
     trainer.train()
     first = read_metrics(tmp_path)[0]
     assert first["val/ratio"] == 1.0 and first["val/ratio_var"] == 0.0
@@ -192,8 +169,8 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
 
     backend = scripted_backend(lambda *args, **kwargs: with_logprobs(fixed_responses(*args, **kwargs)))
     classifier = build_sequence_classifier(tokenizer)
-    trainer = make_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8,
-                           backend=backend)
+    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=classifier, missing_eos_penalty=5.0, total_episodes=8,
+                                backend=backend)
     rollout = trainer.collect_rollout()
     assert rollout.has_stop.tolist() == [True, False] * 4
     assert rollout.completion_mask[0].tolist() == [True, True, False]
@@ -204,17 +181,10 @@ def test_missing_eos_penalty_applies_only_to_completions_without_the_stop_token(
     torch.testing.assert_close(rollout.scores - raw, torch.tensor([0.0, -5.0] * 4))
 
 
-def with_logprobs(tokens: torch.Tensor):
-    """A sampler's output for fixed tokens (logprobs unused unless logprobs_from_sampling is set)."""
-    from training_wizard.rollout.generation import Generated
-
-    return Generated(tokens, torch.zeros(tokens.shape))
-
-
 def test_progress_counts_the_episodes_whole_iterations_make(tokenizer, tmp_path, capsys):
     """total_episodes 12 at 8 per iteration runs 2 iterations, 16 episodes: the progress line says 16/16 (it said
     16/12 with a negative ETA)."""
-    trainer = make_trainer(tokenizer, tmp_path, total_episodes=12)
+    trainer = make_rloo_trainer(tokenizer, tmp_path, total_episodes=12)
     trainer.train()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("episode ")]
     assert [line.split()[1] for line in lines] == ["8/16", "16/16"]

@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from training_wizard.errors import UserError
-from training_wizard.testing import build_causal_lm, build_tokenizer
+from training_wizard.testing import build_causal_lm
 from training_wizard.trainers.config import SFTConfig
 from training_wizard.trainers.sft import SFTExample, SFTTrainer, collate, encode_sft_row, pack_examples
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def ids(tokenizer, text, special=False):

@@ -2,19 +2,13 @@
 default), or `stop_token_ids`. A completion ends at the first of any of them, in the decode loop, in truncation
 and in every stop metric (tests/with_vllm checks vLLM the same way)."""
 
-import pytest
 import torch
 
 from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.core.masking import truncate_after_stop
 from training_wizard.rollout.backends import DecodeLoopBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams, default_stop_token_ids
-from training_wizard.testing import build_causal_lm, build_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
+from training_wizard.testing import build_causal_lm
 
 
 def test_a_completion_ends_at_the_second_stop_id():

@@ -16,7 +16,6 @@ from training_wizard.specs.dataset import (
     SimpleDataSourceSpec,
     TemplateInstructDatasourceSpec,
 )
-from training_wizard.testing import build_tokenizer
 from training_wizard.trainers.config import RewardConfig, SFTConfig
 from training_wizard.trainers.reward_model import encode_pair, encode_pairs
 from training_wizard.trainers.sft import encode_sft_row, encode_sft_rows
@@ -24,11 +23,6 @@ from training_wizard.trainers.sft import encode_sft_row, encode_sft_rows
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ROLE_HINT = ("expected system, user or assistant (or a role listed in training.extra_roles, if the chat template "
              "renders it)")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

@@ -28,11 +28,18 @@ def test_non_main_process_writes_nothing(tmp_path):
 
 @requires("tensorboard")
 def test_tensorboard_writes_event_files(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     logger = MetricsLogger(tmp_path, report_to=["tensorboard"])
     logger.log({"objective/scores": 0.25, "episode": 4}, step=1)
     logger.close()
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 0
+    assert len(events) == 1
+    # what TensorBoard reads back: each number under its own tag, at the step it was logged for
+    written = EventAccumulator(str(events[0])).Reload()
+    assert sorted(written.Tags()["scalars"]) == ["episode", "objective/scores"]
+    assert [(e.step, e.value) for e in written.Scalars("objective/scores")] == [(1, 0.25)]
+    assert [(e.step, e.value) for e in written.Scalars("episode")] == [(1, 4.0)]
 
 
 @requires("tensorboard")
