@@ -206,3 +206,28 @@ def test_a_non_finite_loss_stops_before_the_weights_change(tokenizer, tmp_path, 
         trainer.train()
     assert trainer.state.iteration == 1
     assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
+
+
+def test_skip_nonfinite_batches_skips_the_step_with_a_nan_loss_and_counts_it(tokenizer, tmp_path, monkeypatch):
+    """The supervised loop shares the on-policy loop's optimizer step (trainers/step.py), skip mode included:
+    step 1's NaN loss leaves the weights as step 0 left them, is counted, and the run goes on."""
+    from training_wizard import signals
+    from training_wizard.tracking.metrics import read_metrics
+
+    rows = [encode_sft_row({"prompt": f"Item {i}:", "completion": "word"}, tokenizer, SFTConfig()) for i in range(8)]
+    trainer = make_trainer(tokenizer, tmp_path, rows, max_steps=3, skip_nonfinite_batches=True)
+    monkeypatch.setenv(signals.FAULT_ENV, "loss@1=nan")
+    monkeypatch.setattr(signals, "_fired", set())
+    after_step = []
+    real_record = trainer._record_step
+
+    def record(*args):
+        after_step.append({k: v.detach().clone() for k, v in trainer.policy.state_dict().items()})
+        real_record(*args)
+
+    trainer._record_step = record
+    trainer.train()
+    assert trainer.state.iteration == 3 and trainer.state.skipped_batches == 1
+    assert [m["guards/skipped_batches"] for m in read_metrics(tmp_path)] == [0, 1, 1]
+    assert all(torch.equal(after_step[0][k], after_step[1][k]) for k in after_step[0])  # step 1 was skipped
+    assert any(not torch.equal(after_step[1][k], after_step[2][k]) for k in after_step[1])  # step 2 was not

@@ -131,11 +131,6 @@ class OnPolicyConfig(RunConfig):
     num_sample_generations: int = Field(
         10, ge=0, description="How many times per run to print and save a sample table (0 disables)."
     )
-    skip_nonfinite_batches: bool = Field(
-        False,
-        description="On a NaN/inf in logits, loss or gradient, skip that mini-batch's optimizer step (counted in "
-        "guards/skipped_batches; a non-finite rollout skips the whole update) instead of stopping the run.",
-    )
     ds3_gather_for_generation: bool = Field(
         True, description="Under DeepSpeed ZeRO-3, gather full weights for generation (faster, more memory)."
     )

@@ -52,6 +52,11 @@ class RunConfig(Spec):
     adam_beta2: float = Field(0.999, gt=0.0, lt=1.0, description="AdamW beta2.")
     adam_epsilon: PositiveFloat = Field(1e-8, description="AdamW epsilon.")
     max_grad_norm: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm; null disables.")
+    skip_nonfinite_batches: bool = Field(
+        False,
+        description="On a NaN/inf in logits, loss or gradient, skip that optimizer step (counted in "
+        "guards/skipped_batches; in RL a non-finite rollout skips the whole update) instead of stopping the run.",
+    )
     # -- logging, saving ---------------------------------------------------------------------------------------
     logging_steps: PositiveInt = Field(1, description="Log metrics every N iterations.")
     eval_steps: PositiveInt | None = Field(None, description="Evaluate on eval_dataset every N iterations.")

@@ -84,7 +84,7 @@ class SupervisedTrainer:
         self.optimizer_step = OptimizerStep(
             self.accelerator, self.collectives, self.optimizer,
             lambda: [p for p in self.policy.parameters() if p.requires_grad], config.max_grad_norm,
-            skip_nonfinite=getattr(config, "skip_nonfinite_batches", False))
+            skip_nonfinite=config.skip_nonfinite_batches)
 
     @property
     def forward_model(self) -> torch.nn.Module:
@@ -171,7 +171,8 @@ class SupervisedTrainer:
         outcome = self.optimizer_step(
             bad_loss.reshape(1), ("loss", "gradient"),
             lambda name: UserError(f"training: non-finite {name} at step {self.state.iteration}; lower "
-                                   "training.learning_rate or check the data"))
+                                   "training.learning_rate, check the data, or set training.skip_nonfinite_batches "
+                                   "= true to skip such steps"))
         if not outcome.stepped:
             self.state.skipped_batches += 1
         return outcome.grad_norm if outcome.grad_norm is not None else 0.0
@@ -190,6 +191,8 @@ class SupervisedTrainer:
         }
         if self.weight_metric:
             metrics[self.weight_metric] = weight
+        if config.skip_nonfinite_batches:
+            metrics["guards/skipped_batches"] = state.skipped_batches
         if state.iteration % config.logging_steps == 0 or state.iteration == plan.num_steps:
             self.metrics.log(metrics, state.iteration)
             progress.update(state.episode, metrics)
