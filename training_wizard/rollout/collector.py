@@ -100,6 +100,17 @@ class Sampled:
 
 
 @dataclass(frozen=True)
+class EpisodeScoring:
+    """What a source of several turns gives scoring: the text each row's reward scores (the model's last
+    reply), more reward columns (e.g. the whole episode as `transcript`), and the environment's rewards by
+    component name, (B,) each."""
+
+    texts: list[str]
+    columns: dict[str, list[Any]]
+    rewards: dict[str, list[float]]
+
+
+@dataclass(frozen=True)
 class LogprobPasses:
     """The no-grad per-token passes over a sampled batch, (B, T) each, and the seconds they took."""
 
@@ -215,17 +226,23 @@ class RolloutCollector:
         extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
         return LogprobPasses(logprobs, ref_logprobs, extras, time.perf_counter() - started)
 
-    def complete(self, request: RolloutRequest, sampled: Sampled, passes: LogprobPasses) -> TrajectoryBatch:
-        """The scores of a sampled batch with its logprob passes, as one TrajectoryBatch."""
+    def complete(self, request: RolloutRequest, sampled: Sampled, passes: LogprobPasses,
+                 episode: EpisodeScoring | None = None) -> TrajectoryBatch:
+        """The scores of a sampled batch with its logprob passes, as one TrajectoryBatch. `episode`: what a source
+        of several turns adds to scoring (the texts the reward scores, more columns, the environment's rewards)."""
         pad = self.settings.pad_token_id
         responses, mask = sampled.completion_ids, sampled.completion_mask
         timings = {"generation": sampled.seconds, "logprobs": passes.seconds}
-        texts = self.tokenizer.batch_decode(
-            torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
-        )
+        if episode is not None:
+            texts = episode.texts
+        else:
+            texts = self.tokenizer.batch_decode(
+                torch.where(mask, responses, torch.full_like(responses, pad)), skip_special_tokens=True
+            )
         queries = [request.prompts.queries[i] for i in request.rows]
         scored = time.perf_counter()
-        scores, components = self._score(request.prompts, request.rows, queries, texts, sampled, request.step)
+        scores, components = self._score(request.prompts, request.rows, queries, texts, sampled, request.step,
+                                         episode)
         timings["scoring"] = time.perf_counter() - scored
         rows = len(request.rows)
         return TrajectoryBatch(
@@ -262,9 +279,11 @@ class RolloutCollector:
         with unwrap_model(self.accelerator, self.policy).disable_adapter():  # LoRA: the base model is the reference
             return self._logprobs(model, prompt_ids, prompt_mask, responses, mask)
 
-    def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int):
+    def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int,
+               episode: EpisodeScoring | None = None):
         """(scores (B,) float32 after missing_eos_penalty, reward components). A reward error on any process
-        stops every process with its message."""
+        stops every process with its message. An episode's environment rewards are added to the reward (weight
+        1), each logged as its own component."""
         prompt_ids, prompt_mask, responses, mask, has_stop = (
             sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids, sampled.completion_mask, sampled.has_stop
         )
@@ -278,6 +297,8 @@ class RolloutCollector:
         else:
             columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
             columns["completion_has_eos"] = has_stop.tolist()
+            if episode is not None:
+                columns.update(episode.columns)
             if self.reward.uses_raw_text():
                 columns.update(self._raw_text(prompt_ids, prompt_mask, responses, mask))
             if self.reward.uses_trl_inputs():
@@ -297,6 +318,10 @@ class RolloutCollector:
                 raise StoppedWhileWaiting()
             self.collectives.raise_if_any_failed(error)
             scores = torch.tensor(totals, dtype=torch.float32, device=responses.device)
+        if episode is not None:
+            for name, values in episode.rewards.items():
+                scores = scores + torch.tensor(values, dtype=scores.dtype, device=scores.device)
+                components = {**components, name: list(values)}
         if self.settings.score_without_stop is not None:
             scores = torch.where(has_stop, scores, torch.full_like(scores, self.settings.score_without_stop))
         if self.settings.missing_eos_penalty is not None:

@@ -32,9 +32,10 @@ from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
+from training_wizard.rollout.episodes import EpisodeLimits, EpisodeSource
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
-from training_wizard.rollout.prompts import EncodedPrompts, PromptOrder, row_seed
+from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
 from training_wizard.run_start import take_output_dir
@@ -45,41 +46,10 @@ from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
+from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.rollout_metrics import component_mean, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
-
-
-class RunState:
-    """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams.
-
-    `state_dict()` is plain data (ints, dicts, CPU tensors), so checkpoints load with `weights_only=True`.
-    Sampling noise is keyed by (seed, iteration, slot) and needs no state of its own.
-    """
-
-    def __init__(self, seed: int, num_rows: int):
-        self.iteration = 0
-        self.episode = 0
-        self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
-        self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
-        self.update_generator = torch.Generator().manual_seed(seed + 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "iteration": self.iteration,
-            "episode": self.episode,
-            "skipped_batches": self.skipped_batches,
-            "prompt_order": self.prompt_order.state_dict(),
-            "update_generator": self.update_generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
-        self.skipped_batches = int(state.get("skipped_batches", 0))
-        self.prompt_order.load_state_dict(state["prompt_order"])
-        self.update_generator.set_state(state["update_generator"])
-        torch.set_rng_state(state["torch_rng"])
 
 
 @dataclass(frozen=True)
@@ -114,12 +84,15 @@ class OnPolicyTrainer(UpdateLoop):
         additional_models: dict[str, torch.nn.Module] | None = None,
         generation_backend: GenerationBackend | None = None,
         rollout_source: RolloutSource | Callable[[RolloutCollector], RolloutSource] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
     ):
         """additional_models: models trained beside the policy with the same optimizer, by checkpoint folder name
         (PPO's value model). generation_backend: what samples completions (rollout/backends.py), instead of the
         one the config chooses. rollout_source: what makes each iteration's TrajectoryBatch instead of the
         single-turn collector; a callable is given that collector (it holds the models, the reward and the
-        backend, and runs the logprob passes and scoring of any token batch) and returns the source."""
+        backend, and runs the logprob passes and scoring of any token batch) and returns the source.
+        environment_factory: makes a text environment (rollout/episodes.py) for each row: the rollout is then
+        episodes of up to max_turns replies."""
         self.tokenizer = tokenizer
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
@@ -146,6 +119,8 @@ class OnPolicyTrainer(UpdateLoop):
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
             extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
+        if environment_factory is not None:
+            rollout_source = episode_source(environment_factory, config)
         if rollout_source is None:
             self.rollout_source: RolloutSource = self.collector
         else:
@@ -445,3 +420,8 @@ class OnPolicyTrainer(UpdateLoop):
             "episode": self.state.episode,
         }
 
+
+def episode_source(environment_factory: Callable[[], Any], config: OnPolicyConfig):
+    """The rollout source of episodes with `environment_factory`'s environments, under the config's limits."""
+    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout)
+    return lambda collector: EpisodeSource(collector, environment_factory, limits)

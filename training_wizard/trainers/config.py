@@ -112,6 +112,10 @@ class OnPolicyConfig(RunConfig):
         "one batch; past it the run stops with one line naming it and the step, the last checkpoint kept. A stop "
         "signal while it runs ends the run within a second (exit 143/130, checkpoint of the iteration's start).",
     )
+    max_turns: PositiveInt = Field(4, description="With an environment: model replies per episode at most.")
+    environment_timeout: PositiveFloat = Field(
+        60.0, description="With an environment: seconds one environment step may take; past it the episode ends "
+        "(the run goes on).")
     # -- regularisation ------------------------------------------------------------------------------------------
     kl_coef: NonNegativeFloat = Field(
         0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=aliases("kl_coef", "beta")

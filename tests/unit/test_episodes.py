@@ -1,0 +1,153 @@
+"""Episodes of several turns with a text environment (rollout/episodes.py): token-in/token-out splicing, the loss
+mask, stop reasons, environment rewards, a hung environment, and training with RLOO, PPO and GRPO.
+
+The tiny tokenizer's decode then encode changes the ids of nearly every random sample, so a re-tokenised reply
+would fail the splicing checks. Half the vocabulary stops a reply, so replies are a few tokens long and an
+episode reaches its third turn."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from training_wizard import GRPOConfig, GRPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+from training_wizard.rollout.chat_turns import TurnRenderer
+from training_wizard.rollout.episodes import turn_seed
+from training_wizard.rollout.generation import GenerationParams, sample
+from training_wizard.rollout.trajectory import StopReason
+from training_wizard.testing import build_causal_lm
+from training_wizard.tracking.metrics import read_metrics
+
+STOPS = list(range(40, 300, 2))  # every even id from 40: a reply ends after a few tokens
+
+
+class Echo:
+    """Answers each reply with its length; reward 1 per reply; never done (the turn limit ends it)."""
+
+    def reset(self, prompt=None, **columns):
+        return "Count the letters."
+
+    def step(self, reply):
+        return f"You wrote {len(reply)} letters.", 1.0, False
+
+
+class Sleepy(Echo):
+    def step(self, reply):
+        time.sleep(3)
+        return "late", 5.0, False
+
+
+def reply_length(prompts, completions, **columns):
+    """The last reply's length: it differs within a group, so every algorithm has advantages to train on."""
+    return [len(text) / 10 for text in completions]
+
+
+def chat_prompts(n=8):
+    return [{"prompt": [{"role": "user", "content": f"Say something {i}."}]} for i in range(n)]
+
+
+def make(trainer_class, config_class, tokenizer, tmp_path, environment=Echo, **options):
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, total_episodes=8, response_length=128,
+                    num_sample_generations=0, stop_token_ids=STOPS, max_turns=3, seed=5, learning_rate=1e-3)
+    config = config_class(**{**settings, **options})
+    return trainer_class(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=1),
+                         reward_model=reply_length, train_dataset=chat_prompts(), environment_factory=environment)
+
+
+def segments(mask_row: torch.Tensor) -> list[tuple[bool, int, int]]:
+    """(is_model, start, end) runs of a row's loss mask over its real tokens."""
+    runs, start = [], 0
+    values = mask_row.tolist()
+    for position in range(1, len(values) + 1):
+        if position == len(values) or values[position] != values[start]:
+            runs.append((values[start], start, position))
+            start = position
+    return runs
+
+
+def test_spliced_ids_are_the_sampled_replies_and_the_rendered_answers(tokenizer, tmp_path):
+    """Each reply is what the decode loop samples from the spliced context with that turn's key, and each answer
+    is exactly the template's ids for the environment's text: nothing was decoded and encoded again."""
+    trainer = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path, rloo_k=2)
+    seeds = trainer._next_prompts().seeds
+    trainer.state.prompt_order.position = 0  # the same prompts again for the rollout
+    batch = trainer.collect_rollout()
+    renderer, policy = TurnRenderer(tokenizer), trainer.unwrapped_policy.eval()
+    three_replies = 0
+    for row in range(batch.num_rows):
+        real = batch.completion_mask[row]
+        ids = batch.completion_ids[row][real].tolist()
+        context = batch.prompt_ids[row][batch.prompt_mask[row]].tolist()
+        reply: list[int] = []
+        turn = 0
+        for is_model, start, end in segments(batch.loss_mask[row][real]):
+            piece = ids[start:end]
+            if is_model:
+                params = GenerationParams(128, trainer.config.temperature, tuple(STOPS), tokenizer.pad_token_id)
+                with torch.no_grad():
+                    drawn = sample(policy, torch.tensor([context]), torch.ones(1, len(context), dtype=torch.bool),
+                                   params, [turn_seed(seeds[row], turn)])
+                assert drawn.tokens[0, : len(piece)].tolist() == piece, (row, turn)
+                reply, turn = piece, turn + 1
+            else:
+                text = f"You wrote {len(tokenizer.decode(reply, skip_special_tokens=True))} letters."
+                expected = renderer.observation_ids(text, reply[-1])
+                assert piece == expected[: len(piece)], (row, turn)
+            context += piece
+        three_replies += turn == 3
+    assert three_replies >= batch.num_rows // 2
+    assert set(batch.stop_reason.tolist()) <= {int(StopReason.TURNS), int(StopReason.LENGTH)}
+
+
+def test_environment_tokens_carry_no_loss_and_its_reward_is_a_component(tokenizer, tmp_path):
+    trainer = make(GRPOTrainer, GRPOConfig, tokenizer, tmp_path, num_generations=2)
+    batch = trainer.collect_rollout()
+    assert (batch.loss_mask <= batch.completion_mask).all()
+    assert (batch.completion_mask & ~batch.loss_mask).any(-1).float().mean() >= 0.5  # most rows read an answer
+    # Echo pays 1 for every reply it answered: each one that ended with a stop token (a cut one is not stepped)
+    replies = [sum(run[0] for run in segments(batch.loss_mask[r][batch.completion_mask[r]]))
+               for r in range(batch.num_rows)]
+    cut = [reason == int(StopReason.LENGTH) for reason in batch.stop_reason.tolist()]
+    assert batch.components["Echo"] == [float(n - c) for n, c in zip(replies, cut)]
+    own = torch.tensor(reply_length(None, batch.completions))
+    torch.testing.assert_close(batch.scores, own + torch.tensor(batch.components["Echo"]))
+
+
+def test_training_logprobs_of_the_models_tokens_equal_the_sampling_logprobs(tokenizer, tmp_path):
+    forward = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path / "a", rloo_k=2,
+                   logprobs_from_sampling=False).collect_rollout()
+    sampled = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path / "b", rloo_k=2,
+                   logprobs_from_sampling=True).collect_rollout()
+    assert torch.equal(forward.completion_ids, sampled.completion_ids)
+    mask = forward.loss_mask
+    assert (forward.logprobs - sampled.logprobs)[mask].abs().max() < 1e-5
+    assert (sampled.logprobs[~mask] == 0).all()
+
+
+def test_a_hung_environment_step_ends_its_episode_and_the_rollout_goes_on(tokenizer, tmp_path):
+    trainer = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path, environment=Sleepy, rloo_k=2,
+                   environment_timeout=0.3)
+    started = time.perf_counter()
+    batch = trainer.collect_rollout()
+    assert time.perf_counter() - started < 20
+    stopped = batch.stop_reason.tolist()
+    assert int(StopReason.ENVIRONMENT_DONE) in stopped
+    assert all(reason in (int(StopReason.ENVIRONMENT_DONE), int(StopReason.LENGTH)) for reason in stopped)
+    assert batch.components["Sleepy"] == [0.0] * batch.num_rows  # the late answers never counted
+
+
+@pytest.mark.parametrize("trainer_class,config_class,options", [
+    (RLOOTrainer, RLOOConfig, {"rloo_k": 2}), (PPOTrainer, PPOConfig, {}),
+    (GRPOTrainer, GRPOConfig, {"num_generations": 2, "beta": 0.05})], ids=["rloo", "ppo", "grpo"])
+def test_each_algorithm_trains_on_episodes(trainer_class, config_class, options, tokenizer, tmp_path):
+    trainer = make(trainer_class, config_class, tokenizer, tmp_path, **options)
+    before = {k: v.clone() for k, v in trainer.unwrapped_policy.state_dict().items()}
+    trainer.train()
+    records = read_metrics(tmp_path)
+    assert len(records) == 2 and all(torch.isfinite(torch.tensor(v)) for r in records for k, v in r.items()
+                                     if isinstance(v, float))
+    assert records[0]["rewards/Echo"] >= 1.0  # every episode had at least one answered reply
+    after = trainer.unwrapped_policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)

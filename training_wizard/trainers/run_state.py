@@ -1,0 +1,42 @@
+"""The run's state beyond weights and optimizer, which every checkpoint saves: counters, the data position, the
+random streams. Shared by the on-policy and supervised loops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from training_wizard.rollout.prompts import PromptOrder
+
+
+class RunState:
+    """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams.
+
+    `state_dict()` is plain data (ints, dicts, CPU tensors), so checkpoints load with `weights_only=True`.
+    Sampling noise is keyed by (seed, iteration, slot) and needs no state of its own.
+    """
+
+    def __init__(self, seed: int, num_rows: int):
+        self.iteration = 0
+        self.episode = 0
+        self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
+        self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
+        self.update_generator = torch.Generator().manual_seed(seed + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "episode": self.episode,
+            "skipped_batches": self.skipped_batches,
+            "prompt_order": self.prompt_order.state_dict(),
+            "update_generator": self.update_generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
+        self.skipped_batches = int(state.get("skipped_batches", 0))
+        self.prompt_order.load_state_dict(state["prompt_order"])
+        self.update_generator.set_state(state["update_generator"])
+        torch.set_rng_state(state["torch_rng"])
