@@ -36,7 +36,9 @@ def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.recipes.reward_model import RewardModelRecipe
     from training_wizard.recipes.rloo import RLOORecipe
     from training_wizard.recipes.sft import SFTRecipe
-    from training_wizard.specs import dataset, model, remote_reward, reward, reward_functions, text_metrics, verifiable
+    from training_wizard.specs import (
+        dataset, environment, model, remote_reward, reward, reward_functions, text_metrics, verifiable,
+    )
     from training_wizard.trainers.config import (
         GRPOConfig, PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SequenceClassificationConfig, SFTConfig,
     )
@@ -62,6 +64,8 @@ def _sections() -> list[tuple[str, str, list[type]]]:
          [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig, SequenceClassificationRecipe,
           SequenceClassificationConfig]),
         ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
+        ("[environment]", "Episodes of several turns (docs/environments.md); their limits are the `[training]` "
+         "keys `max_turns` and `environment_timeout`.", [environment.EnvironmentSpec]),
         ("[reward]", "A `[reward]` table with `reward_funcs` and no `spec_class` is a `RewardFunctionsSpec` (TRL's "
          "form).", [*subclasses(reward, reward.RewardSpec), *subclasses(reward_functions, reward.RewardSpec),
                    *subclasses(verifiable, reward.RewardSpec), *subclasses(remote_reward, reward.RewardSpec),

@@ -151,3 +151,55 @@ def test_each_algorithm_trains_on_episodes(trainer_class, config_class, options,
     assert records[0]["rewards/Echo"] >= 1.0  # every episode had at least one answered reply
     after = trainer.unwrapped_policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+EPISODE_RECIPE = """\
+recipe_class = "grpo"
+output_dir = "{out}"
+
+[model]
+pretrained_name = "{model}"
+
+[dataset]
+data_files = "{data}"
+
+[environment]
+factory = "tests.unit.test_episodes:Echo"
+
+[reward]
+reward_funcs = ["tests.unit.test_episodes:reply_length"]
+
+[training]
+num_generations = 2
+per_device_train_batch_size = 4
+total_episodes = 8
+response_length = 128
+max_turns = 2
+stop_token_ids = {stops}
+num_sample_generations = 0
+"""
+
+
+def test_a_recipe_with_an_environment_table_runs_episodes(tiny_model_dir, tmp_path):
+    import json
+
+    from training_wizard.cli import main
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in chat_prompts(4)))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(EPISODE_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=data, stops=STOPS))
+    assert main([str(recipe)]) == 0
+    records = read_metrics(tmp_path / "out")
+    assert len(records) == 2 and records[0]["rewards/Echo"] >= 1.0
+
+
+def test_an_environment_that_cannot_be_imported_is_one_line(tiny_model_dir, tmp_path, capsys):
+    from training_wizard.cli import main
+
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(EPISODE_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=tmp_path / "p.jsonl",
+                                            stops=STOPS).replace("test_episodes:Echo", "test_episodes:Missing"))
+    assert main([str(recipe)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "environment.factory" in error and "test_episodes:Missing" in error and len(error.splitlines()) == 1

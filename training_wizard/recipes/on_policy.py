@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 from rich.console import Console
@@ -21,6 +21,7 @@ from training_wizard.errors import UserError
 from training_wizard.recipes.final_model import save_final_model
 from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
 from training_wizard.specs.dataset import DataSourceSpec
+from training_wizard.specs.environment import EnvironmentSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.trainers.config import BatchPlan, OnPolicyConfig
@@ -36,6 +37,9 @@ class OnPolicyRecipe(Recipe):
     dataset: DataSourceSpec = Field(description="Prompt-only training data.")
     eval_dataset: DataSourceSpec | None = Field(None, description="Prompts for evaluation every eval_steps.")
     reward: RewardSpec = Field(description="Scores each completion.")
+    environment: EnvironmentSpec | None = Field(
+        None, description="A text environment: each rollout is an episode of up to training.max_turns replies "
+        "(docs/environments.md).")
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
 
@@ -54,7 +58,11 @@ class OnPolicyRecipe(Recipe):
         trainer = getattr(importlib.import_module(module), name)
         return trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
                        reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
-                       accelerator=accelerator)
+                       accelerator=accelerator, **self.environment_factory())
+
+    def environment_factory(self) -> dict[str, Any]:
+        """The trainer's `environment_factory` argument, when the recipe names an environment."""
+        return {"environment_factory": self.environment.load()} if self.environment is not None else {}
 
     def load_reference(self, config, policy, accelerator):
         """The `[ref_model]`; else None (the trainer copies the starting policy, or disables a LoRA adapter),

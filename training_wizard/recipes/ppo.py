@@ -34,6 +34,7 @@ class PPORecipe(OnPolicyRecipe):
         return PPOTrainer(
             config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy, reward_model=self.reward,
             value_model=value_model, train_dataset=train_rows, eval_dataset=eval_rows, accelerator=accelerator,
+            **self.environment_factory(),
         )
 
     def _load_value_model(self, config: PPOConfig, tokenizer):
