@@ -147,3 +147,24 @@ def loss_of(kind, trainer, rows, shaped, forward, logprobs):
     order = torch.arange(rows["loss_mask"].shape[0])
     totals = trainer.optimizer_step_totals(SimpleNamespace(loss_mask=shaped["loss_mask"], kept_rows=None), order)
     return grpo_loss(shaped, forward, totals[0], trainer.config, trainer.loss_options)
+
+
+def test_group_statistics_follow_the_group_ids_not_the_row_order():
+    """The same rows shuffled give the same advantages, shuffled: RLOO's leave-one-out baseline, GRPO's group
+    advantages and dynamic sampling's constant groups find each prompt's rows by id."""
+    from training_wizard.core.advantages import rloo_advantages
+    from training_wizard.core.groups import group_members, repeated_layout_ids
+    from training_wizard.core.grpo import constant_groups, group_advantages
+
+    rewards = torch.tensor([0.5, 2.0, 1.0, 3.5, 2.0, 0.0, -1.0, 2.0, 1.5])  # 3 completions of 3 prompts
+    ids = repeated_layout_ids(3, 3)
+    order = torch.tensor([4, 0, 8, 2, 6, 1, 3, 7, 5])
+    assert torch.equal(rloo_advantages(rewards[order], ids[order]), rloo_advantages(rewards, ids)[order])
+    for scale in ("group", "batch", "none"):
+        shuffled, zero = group_advantages(rewards[order], ids[order], scale)
+        expected, expected_zero = group_advantages(rewards, ids, scale)
+        assert torch.equal(shuffled, expected[order]) and torch.equal(zero, expected_zero[order])
+    assert torch.equal(constant_groups(rewards[order], ids[order]), constant_groups(rewards, ids)[order])
+    assert constant_groups(rewards, ids).tolist() == [False, True, False] * 3  # prompt 1 always scores 2
+    with pytest.raises(ValueError, match="unequal size"):
+        group_members(torch.tensor([0, 0, 1]))
