@@ -19,8 +19,18 @@ WALL_CLOCK = ("eps", "tokens_per_s", "time/", "memory/")
 
 
 def records(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)} for row in rows]
+    """The file's records without their wall-clock keys; a line a killed run left half-written (the kill-and-resume
+    tests do) is an empty record."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = {}
+        rows.append({k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)})
+    return rows
 
 
 def same(a, b) -> bool:
