@@ -149,6 +149,10 @@ def test_each_algorithm_trains_on_episodes(trainer_class, config_class, options,
     assert len(records) == 2 and all(torch.isfinite(torch.tensor(v)) for r in records for k, v in r.items()
                                      if isinstance(v, float))
     assert records[0]["rewards/Echo"] >= 1.0  # every episode had at least one answered reply
+    first = records[0]
+    assert 1.0 <= first["episodes/replies_mean"] <= 3.0 and first["episodes/environment_tokens_mean"] > 0
+    shares = [first[f"episodes/stopped_by_{name}"] for name in ("length", "turns", "environment")]
+    assert sum(shares) == pytest.approx(1.0) and shares[2] == 0.0  # Echo never ends an episode itself
     after = trainer.unwrapped_policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 

@@ -47,7 +47,7 @@ from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.rollout_metrics import component_mean, sampling_metrics
+from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
@@ -367,6 +367,8 @@ class OnPolicyTrainer(UpdateLoop):
             metrics[f"rewards/{name}"] = component_mean(self.collectives, device, values)
         if rollout.sampling_logprobs is not None:
             metrics.update(self._sampling_metrics(rollout))
+        if isinstance(self.rollout_source, EpisodeSource):
+            metrics.update(episode_metrics(self.collectives, device, rollout))
         return metrics
 
     def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:

@@ -50,3 +50,19 @@ def sampling_metrics(collectives, device, batch, weights: ImportanceWeights, per
         "sampling/importance_sampling_ratio/mean": float(sums[2] / sums[3].clamp(min=1)),
         "sampling/importance_sampling_ratio/max": float(highest[1]),
     }
+
+
+def episode_metrics(collectives, device, batch) -> dict[str, float]:
+    """Episodes of several turns: replies and environment tokens per episode, and the share of episodes each
+    stop reason ended (means over every process's rows; every process holds as many)."""
+    from training_wizard.rollout.trajectory import StopReason
+
+    loss, real = batch.loss_mask, batch.completion_mask
+    replies = loss[:, 0].float() + (loss[:, 1:] & ~loss[:, :-1]).sum(-1).float()  # runs of the model's tokens
+    reasons = {"length": StopReason.LENGTH, "turns": StopReason.TURNS, "environment": StopReason.ENVIRONMENT_DONE}
+    values = [replies.mean(), (real & ~loss).sum(-1).float().mean()]
+    values += [(batch.stop_reason == int(code)).float().mean() for code in reasons.values()]
+    means = collectives.mean(torch.stack(values).to(device))
+    names = ["episodes/replies_mean", "episodes/environment_tokens_mean",
+             *(f"episodes/stopped_by_{name}" for name in reasons)]
+    return {name: float(value) for name, value in zip(names, means)}
