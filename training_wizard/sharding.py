@@ -69,6 +69,35 @@ def is_partitioned(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
+def wait_for_each_zero3_gather(accelerator) -> None:
+    """Under ZeRO-3 over gloo (CPU processes), DeepSpeed gathers parameters one at a time, waiting for each.
+
+    DeepSpeed's gather of several parameters at once (`Init._allgather_params_coalesced`: `GatheredParameters`
+    over the whole policy for a rollout, and the re-gather of its small "persistent" parameters after every
+    optimizer step) starts one asynchronous all-gather per parameter and waits on the last one only, which orders
+    them on a GPU stream. Gloo runs asynchronous collectives on a pool of threads, so the last can finish before
+    an earlier one has filled its buffer (`torch.empty`): that weight is then read as whatever the memory held,
+    and a rollout samples from wrong weights on that process (scripts/zero3_gloo_gather_race.py shows it with
+    DeepSpeed alone; docs/distributed.md). `stage3_allgather_sequential` makes each gather blocking.
+
+    Each parameter remembers the config it was partitioned with: a model loaded after the Accelerator is
+    partitioned as it loads, from transformers' copy of the config (accelerate's `dschf`), so that copy is
+    renewed too. Call before any model loads (and again before `prepare`, which partitions a model loaded
+    earlier); it does nothing outside ZeRO-3 on gloo.
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero_stage != 3:
+        return
+    if not torch.distributed.is_initialized() or torch.distributed.get_backend() != "gloo":
+        return
+    zero = plugin.deepspeed_config.setdefault("zero_optimization", {})
+    if zero.get("stage3_allgather_sequential") is True:
+        return
+    zero["stage3_allgather_sequential"] = True
+    if getattr(plugin, "dschf", None) is not None:
+        plugin.set_deepspeed_weakref()
+
+
 def needs_separate_reference(accelerator, policy: torch.nn.Module) -> bool:
     """Under ZeRO-3 a full (non-LoRA) policy cannot be copied into a reference: its parameters are partitioned
     stubs. The recipe then loads the reference from the model spec a second time (TRL does the same)."""

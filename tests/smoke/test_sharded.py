@@ -42,15 +42,32 @@ use_cpu: false
 
 REPO = Path(__file__).resolve().parents[2]
 
+COALESCED_GATHERS = "coalesced_gathers.jsonl"  # in the launch's folder, written by the shim below
+
 SHIM = """\
 import json
 import os
+COALESCED_LOG = os.path.abspath(%r)
 if os.environ.get("LOCAL_RANK") is not None:
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType
 
     PartialState._prepare_backend = lambda self, *args, **kwargs: ("gloo", DistributedType.MULTI_GPU)
-"""
+if os.environ.get("LOCAL_RANK") is not None and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+    # DeepSpeed's gather of several parameters at once waits on its last all-gather only, which gloo does not
+    # order: a run must never take it (sharding.wait_for_each_zero3_gather); each use is written down for the test
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    coalesced = Init._allgather_params_coalesced
+
+    def recorded(self, param_list, *args, **kwargs):
+        if param_list:
+            with open(COALESCED_LOG, "a") as log:
+                log.write(json.dumps({"rank": os.environ["RANK"], "parameters": len(param_list)}) + "\\n")
+        return coalesced(self, param_list, *args, **kwargs)
+
+    Init._allgather_params_coalesced = recorded
+""" % COALESCED_GATHERS
 
 
 def launch_sharded(tmp_path, model_dir, name, config_text, overrides=(), env_extra=None, timeout=400, lora=""):
@@ -143,17 +160,22 @@ DEEPSPEED_CACHE = {"TORCH_EXTENSIONS_DIR": str(Path(tempfile.gettempdir()) / "tr
 LORA = "lora = { r = 4, alpha = 8 }"
 
 
-# ZeRO-3 on two CPU processes: in 3 .ci/run's in a row on 2026-11-25 one ZeRO-3 test diverged (twice a 1-vs-2
-# comparison, 2e-4, a rollout sampled from wrong weights on one process at the third iteration; once the
-# kill-and-resume test, 6.1e-4); not reproduced in 12 reruns here. docs/distributed.md
-ZERO3_DIVERGES = pytest.mark.nondeterministic
+def assert_no_coalesced_gathers(folder: Path) -> None:
+    """No process of the runs launched in `folder` gathered several ZeRO-3 parameters through DeepSpeed's coalesced
+    all-gather, which on gloo could hand out a weight before its gather finished: a rollout then sampled from
+    wrong weights on one process now and then (docs/distributed.md, scripts/zero3_gloo_gather_race.py)."""
+    log = folder / COALESCED_GATHERS
+    assert not log.exists(), log.read_text()[:2000]
 
 
 @pytest.mark.slow
 @requires("deepspeed")
-@pytest.mark.parametrize("stage, lora", [(2, ""), pytest.param(3, "", marks=ZERO3_DIVERGES),
-                                         pytest.param(3, LORA, marks=ZERO3_DIVERGES)],
-                         ids=["zero2", "zero3", "zero3_lora"])
+@pytest.mark.parametrize("stage, lora", [
+    pytest.param(2, "", id="zero2"), pytest.param(3, "", id="zero3"),
+    # failed once in 6 runs after the gather fix, its output lost (docs/distributed.md): out of .ci/run until it
+    # has passed many runs
+    pytest.param(3, LORA, id="zero3_lora", marks=pytest.mark.nondeterministic),
+])
 def test_deepspeed_two_processes_match_one_process(tmp_path, tiny_model_dir, stage, lora):
     # ZeRO-3 loads the policy partitioned: the reference is the model loaded a second time (full policy), or the
     # policy with its adapter disabled (LoRA), run through a DeepSpeed inference engine
@@ -163,16 +185,17 @@ def test_deepspeed_two_processes_match_one_process(tmp_path, tiny_model_dir, sta
     sharded = launch_sharded(tmp_path, tiny_model_dir, f"zero{stage}", ZERO.format(stage=stage),
                              env_extra=DEEPSPEED_CACHE, lora=lora)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert_no_coalesced_gathers(tmp_path)
     assert max_difference(tmp_path / "single", tmp_path / f"zero{stage}") < 1e-5
     if not lora:
         assert max_difference(tmp_path / "single", Path(tiny_model_dir), start=True) > 2e-4
 
 
 @pytest.mark.slow
-@ZERO3_DIVERGES  # the same in the third .ci/run: the resumed run ended 6.1e-4 from the uninterrupted one
 @requires("deepspeed")
 def test_zero3_resumes_exactly_after_sigterm(tmp_path, tiny_model_dir):
     full, resumed = stop_and_resume(tmp_path, tiny_model_dir, "zero3", ZERO.format(stage=3), env_extra=DEEPSPEED_CACHE)
+    assert_no_coalesced_gathers(tmp_path)
     assert max_difference(full, resumed) == 0.0
 
 

@@ -9,7 +9,7 @@ import torch
 from training_wizard import RLOOConfig, RLOOTrainer
 from training_wizard.checkpoint import find_checkpoint, load_checkpoint
 from training_wizard.errors import UserError
-from training_wizard.sharding import check_supported, needs_separate_reference
+from training_wizard.sharding import check_supported, needs_separate_reference, wait_for_each_zero3_gather
 from training_wizard.testing import build_causal_lm, build_tokenizer
 
 
@@ -57,6 +57,37 @@ def test_only_a_full_policy_under_zero3_needs_its_reference_loaded_again():
     assert not needs_separate_reference(fake_accelerator("DEEPSPEED", 3), lora)  # adapter disabled is the reference
     assert not needs_separate_reference(fake_accelerator("DEEPSPEED", 2), full)
     assert not needs_separate_reference(fake_accelerator("FSDP"), full)
+
+
+def test_zero3_over_gloo_gathers_one_parameter_at_a_time(monkeypatch):
+    """DeepSpeed's coalesced gather waits on its last all-gather only, which gloo does not order (docs/
+    distributed.md): under ZeRO-3 on gloo the config asks for sequential gathers, in accelerate's config and in
+    transformers' copy that partitions models as they load; other backends and stages are left alone."""
+
+    class Plugin:
+        def __init__(self, stage):
+            self.zero_stage = stage
+            self.deepspeed_config = {"zero_optimization": {"stage": stage}}
+            self.dschf = object()  # the copy accelerate hands transformers once the plugin is selected
+            self.renewed = 0
+
+        def set_deepspeed_weakref(self):
+            self.renewed += 1
+
+    def run(stage, backend):
+        plugin = Plugin(stage)
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: backend)
+        wait_for_each_zero3_gather(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)))
+        return plugin.deepspeed_config["zero_optimization"].get("stage3_allgather_sequential"), plugin.renewed
+
+    assert run(3, "gloo") == (True, 1)
+    assert run(3, "nccl") == (None, 0)
+    assert run(2, "gloo") == (None, 0)
+    plugin = Plugin(3)  # a second call (before prepare) finds it set and renews nothing
+    plugin.deepspeed_config["zero_optimization"]["stage3_allgather_sequential"] = True
+    wait_for_each_zero3_gather(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)))
+    assert plugin.renewed == 0
 
 
 def test_a_sharded_checkpoint_is_refused_by_an_unsharded_run(tmp_path):

@@ -65,6 +65,8 @@ class Recipe(Spec):
         from accelerate.utils import set_seed
         from rich.console import Console
 
+        from training_wizard.sharding import wait_for_each_zero3_gather
+
         # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
         # torch starts each process from a random seed and two runs of one recipe differ.
         set_seed(self.seed)
@@ -73,6 +75,7 @@ class Recipe(Spec):
         except ImportError as exc:  # the launch asks for an engine that is not installed (e.g. DeepSpeed)
             raise UserError(f"accelerate config: {str(exc).splitlines()[0]}") from None
         check_launch(accelerator)
+        wait_for_each_zero3_gather(accelerator)  # before a model loads: ZeRO-3 partitions it as it loads
         return accelerator, Console(quiet=not accelerator.is_main_process)
 
     def check_can_start(self, config, accelerator, console) -> None:  # noqa: ARG002 - subclasses use them

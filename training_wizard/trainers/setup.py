@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import DecodeLoopBackend, GenerationBackend
 from training_wizard.sharding import (
-    DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen,
+    DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, wait_for_each_zero3_gather,
 )
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
 from training_wizard.trainers.config import OnPolicyConfig, RunConfig
@@ -160,6 +160,7 @@ def configure_deepspeed(accelerator: Accelerator, config: RunConfig) -> None:
     ds_config["gradient_accumulation_steps"] = config.gradient_accumulation_steps
     if config.max_grad_norm is not None:
         ds_config["gradient_clipping"] = config.max_grad_norm
+    wait_for_each_zero3_gather(accelerator)  # a model loaded before the Accelerator is partitioned by prepare
 
 
 def as_reward(reward_model) -> torch.nn.Module | RewardSpec:
