@@ -210,6 +210,13 @@ class Collectives:
         set_state_dict(model, optimizers=plain, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
+def process_group_backend() -> str | None:
+    """The backend of the default process group ("gloo", "nccl"), or None when there is none (one process)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return None
+    return torch.distributed.get_backend()
+
+
 def _torch_optimizer(optimizer):
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
 

@@ -88,7 +88,9 @@ def wait_for_each_zero3_gather(accelerator) -> None:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is None or plugin.zero_stage != 3:
         return
-    if not torch.distributed.is_initialized() or torch.distributed.get_backend() != "gloo":
+    from training_wizard.collectives import process_group_backend
+
+    if process_group_backend() != "gloo":
         return
     zero = plugin.deepspeed_config.setdefault("zero_optimization", {})
     if zero.get("stage3_allgather_sequential") is True:

@@ -116,13 +116,13 @@ FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1"
 COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
 
 
-# The default suite keeps one case per algorithm (RLOO, GRPO); the variants and PPO run with -m slow, which
-# .ci/run runs for this file: each case starts two processes twice (about 25-35 s on a 2-core machine).
+# Every case starts two processes twice (about 25-55 s on a 2-core machine): all run with -m slow, which .ci/run
+# runs for this file, keeping the default suite short.
 @pytest.mark.parametrize("algorithm, token_level, overrides",
-                         [pytest.param("rloo", "false", (), id="sequence_kl"),
+                         [pytest.param("rloo", "false", (), id="sequence_kl", marks=pytest.mark.slow),
                           pytest.param("rloo", "true", (), id="token_level_kl", marks=pytest.mark.slow),
                           pytest.param("ppo", "false", (), id="ppo", marks=pytest.mark.slow),
-                          pytest.param("grpo", "false", SAMPLING_FILTERS, id="grpo"),
+                          pytest.param("grpo", "false", SAMPLING_FILTERS, id="grpo", marks=pytest.mark.slow),
                           pytest.param("grpo", "false", ("training.importance_sampling_level=sequence",
                                                          "training.loss_type=grpo", "training.beta=0.0"),
                                        id="grpo_sequence_no_reference", marks=pytest.mark.slow),
@@ -194,7 +194,7 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
     assert not (tmp_path / "broken" / "model").exists()
 
 
-@pytest.mark.parametrize("options", [pytest.param((), id="default"),
+@pytest.mark.parametrize("options", [pytest.param((), id="default", marks=pytest.mark.slow),
                                      pytest.param(FAST_PATH, id="fast_path", marks=pytest.mark.slow),
                                      pytest.param(COMPILED_FAST_PATH, id="fast_path_compiled", marks=pytest.mark.slow)])
 def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir, options):

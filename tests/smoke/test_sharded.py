@@ -119,7 +119,8 @@ def stop_and_resume(tmp_path, model_dir, name, config_text, env_extra=None, lora
 
 
 # FSDP1 gathered its full state dict with offload_to_cpu=True, which segfaults in torch on CPU shards
-@pytest.mark.parametrize("version", [2, pytest.param(1, marks=pytest.mark.slow)], ids=["fsdp2", "fsdp1"])
+@pytest.mark.slow  # two processes twice, about 45 s: .ci/run runs it
+@pytest.mark.parametrize("version", [2, 1], ids=["fsdp2", "fsdp1"])
 def test_fsdp_two_processes_match_one_process(tmp_path, tiny_model_dir, version):
     single = launch(tmp_path, tiny_model_dir, "single", 1)
     assert single.returncode == 0, single.stderr[-3000:]

@@ -119,13 +119,7 @@ class OnPolicyTrainer(UpdateLoop):
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
             extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
-        if environment_factory is not None:
-            rollout_source = episode_source(environment_factory, config)
-        if rollout_source is None:
-            self.rollout_source: RolloutSource = self.collector
-        else:
-            is_source = hasattr(rollout_source, "collect")
-            self.rollout_source = rollout_source if is_source else rollout_source(self.collector)
+        self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory)
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
@@ -135,6 +129,15 @@ class OnPolicyTrainer(UpdateLoop):
         self.last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     # ---------------------------------------------------------------------------------------------- set-up
+    def _choose_rollout_source(self, rollout_source, environment_factory) -> RolloutSource:
+        """The given source (or what its factory makes of the collector), episodes with the given environment,
+        or the single-turn collector."""
+        if environment_factory is not None:
+            rollout_source = episode_source(environment_factory, self.config)
+        if rollout_source is None:
+            return self.collector
+        return rollout_source if hasattr(rollout_source, "collect") else rollout_source(self.collector)
+
     def _sampling_settings(self) -> SamplingSettings:
         config = self.config
         return SamplingSettings(
