@@ -9,7 +9,7 @@ each repeated k times, and random responses of `--length` tokens. "plain" runs `
 response for every row; "shared" runs `shared_prompt_logits`, one pass per distinct prompt and the responses
 per row over its repeated KV cache. The no-grad pass goes through `batched_logprobs` as the collector calls it
 (one chunk of all rows); the update pass is one micro-batch of all rows, forward and backward of a weighted sum
-of the logprobs, as `OnPolicyTrainer.policy_logprobs` runs it (with `--gradient-checkpointing`, under activation
+of the logprobs, as `UpdateLoop.policy_forward` runs it (with `--gradient-checkpointing`, under activation
 checkpointing, each layer replayed in the backward). Prints the median seconds of each, the ratio
 plain / shared, the tokens each pass computes, and the largest difference between the two results. The model is any causal LM folder (`bench/bench_rloo.py`
 builds the 25M one); without one, a random 25M-parameter Qwen2 is built in memory.

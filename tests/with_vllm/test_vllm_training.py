@@ -138,12 +138,13 @@ def test_grpo_samples_with_vllm_and_weighs_its_policy_term(tokenizer, tmp_path):
     trainer = GRPOTrainer(config=config, tokenizer=tokenizer, policy=vllm_sized_model(tokenizer),
                           reward_model=distinct_characters, train_dataset=prompts())
     seen = []
-    original = trainer.sampling_correction
-    trainer.sampling_correction = lambda rows: seen.append(original(rows)) or seen[-1]
+    original = trainer.policy_forward  # the update's forward pass carries the correction weights to the loss
+    trainer.policy_forward = lambda rows: seen.append(original(rows)) or seen[-1]
     trainer.train()
     metrics = read_metrics(tmp_path)
     assert len(metrics) == 3 and all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
-    assert seen and all(weights is not None and weights.token.shape[0] == 16 for weights in seen)
+    assert seen and all(forward.correction is not None and forward.correction.token.shape[0] == 16
+                        for forward in seen)
 
 
 def test_sampling_filters_reach_vllm(tokenizer, tmp_path):
