@@ -153,3 +153,38 @@ def run_recipe(folder: Path, model_dir: Path, lora: str = "", extra=()) -> int:
     from training_wizard.cli import main
 
     return main([str(write_run_recipe(folder, model_dir, lora)), *extra])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A GRPO run with an [environment] table
+
+GRPO_RECIPE_HEAD = """\
+recipe_class = "grpo"
+output_dir = "{out}"
+[model]
+pretrained_name = "{model}"
+[dataset]
+data_files = "{data}"
+"""
+
+EPISODE_RECIPE = GRPO_RECIPE_HEAD + """
+{tables}
+
+[training]
+num_generations = 2
+per_device_train_batch_size = 4
+total_episodes = 8
+num_sample_generations = 0
+{training}
+"""
+
+
+def write_episode_recipe(folder: Path, model_dir: Path, prompts: list[str], tables: str, training: str = "") -> Path:
+    """A GRPO recipe of 2 iterations over conversational `prompts` (written beside it) with the given tables (an
+    [environment], a [reward]) and more [training] lines; the run writes to folder/out."""
+    data = folder / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": text}]}) for text in prompts))
+    recipe = folder / "recipe.toml"
+    recipe.write_text(EPISODE_RECIPE.format(out=folder / "out", model=model_dir, data=data, tables=tables,
+                                            training=training))
+    return recipe

@@ -6,15 +6,10 @@ import json
 
 import pytest
 
+from tests.helpers import GRPO_RECIPE_HEAD
 from training_wizard.cli import main
 
-RECIPE = """\
-recipe_class = "grpo"
-output_dir = "{out}"
-[model]
-pretrained_name = "{model}"
-[dataset]
-data_files = "{data}"
+RECIPE = GRPO_RECIPE_HEAD + """\
 [reward]
 reward_funcs = ["start_rewards:length"]
 [training]

@@ -1,4 +1,4 @@
-"""Episodes of several turns with a text environment (rollout/episodes.py): token-in/token-out splicing, the loss
+"""Episodes of several turns with a text environment (rollout/episodes.py, protocol "text"): token-in/token-out splicing, the loss
 mask, stop reasons, environment rewards, a hung environment, and training with RLOO, PPO and GRPO.
 
 The tiny tokenizer's decode then encode changes the ids of nearly every random sample, so a re-tokenised reply
@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 
+from tests.helpers import write_episode_recipe
 from training_wizard import GRPOConfig, GRPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.episodes import turn_seed
+from training_wizard.rollout.episodes import EpisodeSettings, turn_seed
 from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.trajectory import StopReason
 from training_wizard.testing import build_causal_lm
@@ -53,7 +54,8 @@ def make(trainer_class, config_class, tokenizer, tmp_path, environment=Echo, **o
                     num_sample_generations=0, stop_token_ids=STOPS, max_turns=3, seed=5, learning_rate=1e-3)
     config = config_class(**{**settings, **options})
     return trainer_class(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=1),
-                         reward_model=reply_length, train_dataset=chat_prompts(), environment_factory=environment)
+                         reward_model=reply_length, train_dataset=chat_prompts(), environment_factory=environment,
+                         episode_settings=EpisodeSettings(protocol="text"))
 
 
 def segments(mask_row: torch.Tensor) -> list[tuple[bool, int, int]]:
@@ -126,16 +128,21 @@ def test_training_logprobs_of_the_models_tokens_equal_the_sampling_logprobs(toke
     assert (sampled.logprobs[~mask] == 0).all()
 
 
-def test_a_hung_environment_step_ends_its_episode_and_the_rollout_goes_on(tokenizer, tmp_path):
+def test_a_hung_environment_step_is_an_error_message_and_the_episode_goes_on(tokenizer, tmp_path):
     trainer = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path, environment=Sleepy, rloo_k=2,
-                   environment_timeout=0.3)
+                   environment_timeout=0.3, response_length=256)
     started = time.perf_counter()
     batch = trainer.collect_rollout()
-    assert time.perf_counter() - started < 20
+    assert time.perf_counter() - started < 20  # 8 episodes x up to 2 late steps, concurrently
     stopped = batch.stop_reason.tolist()
-    assert int(StopReason.ENVIRONMENT_DONE) in stopped
-    assert all(reason in (int(StopReason.ENVIRONMENT_DONE), int(StopReason.LENGTH)) for reason in stopped)
+    assert int(StopReason.TURNS) in stopped
+    assert all(reason in (int(StopReason.TURNS), int(StopReason.LENGTH)) for reason in stopped)
     assert batch.components["Sleepy"] == [0.0] * batch.num_rows  # the late answers never counted
+    answered = [row for row in range(batch.num_rows) if (batch.completion_mask[row] & ~batch.loss_mask[row]).any()]
+    assert answered and batch.episode_stats["failures"][answered].min() >= 1
+    for row in answered:
+        answer = batch.completion_ids[row][batch.completion_mask[row] & ~batch.loss_mask[row]]
+        assert "no answer within environment_timeout (0.3 s)" in tokenizer.decode(answer)
 
 
 @pytest.mark.parametrize("trainer_class,config_class,options", [
@@ -153,46 +160,26 @@ def test_each_algorithm_trains_on_episodes(trainer_class, config_class, options,
     assert 1.0 <= first["episodes/replies_mean"] <= 3.0 and first["episodes/environment_tokens_mean"] > 0
     shares = [first[f"episodes/stopped_by_{name}"] for name in ("length", "turns", "environment")]
     assert sum(shares) == pytest.approx(1.0) and shares[2] == 0.0  # Echo never ends an episode itself
+    assert first["tools/call_frequency"] == 0.0 and first["episodes/tokenization_drift"] == 0.0
     after = trainer.unwrapped_policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-EPISODE_RECIPE = """\
-recipe_class = "grpo"
-output_dir = "{out}"
-
-[model]
-pretrained_name = "{model}"
-
-[dataset]
-data_files = "{data}"
-
+TEXT_TABLES = """\
 [environment]
 factory = "tests.unit.test_episodes:Echo"
+protocol = "text"
 
 [reward]
 reward_funcs = ["tests.unit.test_episodes:reply_length"]
-
-[training]
-num_generations = 2
-per_device_train_batch_size = 4
-total_episodes = 8
-response_length = 128
-max_turns = 2
-stop_token_ids = {stops}
-num_sample_generations = 0
 """
 
 
 def test_a_recipe_with_an_environment_table_runs_episodes(tiny_model_dir, tmp_path):
-    import json
-
     from training_wizard.cli import main
 
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("\n".join(json.dumps(row) for row in chat_prompts(4)))
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(EPISODE_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=data, stops=STOPS))
+    recipe = write_episode_recipe(tmp_path, tiny_model_dir, [f"Say something {i}." for i in range(4)], TEXT_TABLES,
+                                  f"response_length = 128\nmax_turns = 2\nstop_token_ids = {STOPS}")
     assert main([str(recipe)]) == 0
     records = read_metrics(tmp_path / "out")
     assert len(records) == 2 and records[0]["rewards/Echo"] >= 1.0
@@ -201,9 +188,8 @@ def test_a_recipe_with_an_environment_table_runs_episodes(tiny_model_dir, tmp_pa
 def test_an_environment_that_cannot_be_imported_is_one_line(tiny_model_dir, tmp_path, capsys):
     from training_wizard.cli import main
 
-    recipe = tmp_path / "recipe.toml"
-    recipe.write_text(EPISODE_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=tmp_path / "p.jsonl",
-                                            stops=STOPS).replace("test_episodes:Echo", "test_episodes:Missing"))
+    recipe = write_episode_recipe(tmp_path, tiny_model_dir, ["Hi."],
+                                  TEXT_TABLES.replace("test_episodes:Echo", "test_episodes:Missing"))
     assert main([str(recipe)]) == 2
     error = capsys.readouterr().err.strip()
     assert "environment.factory" in error and "test_episodes:Missing" in error and len(error.splitlines()) == 1

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -36,9 +36,11 @@ class OnPolicyRecipe(Recipe):
     )
     dataset: DataSourceSpec = Field(description="Prompt-only training data.")
     eval_dataset: DataSourceSpec | None = Field(None, description="Prompts for evaluation every eval_steps.")
-    reward: RewardSpec = Field(description="Scores each completion.")
+    reward: RewardSpec | None = Field(
+        None, description="Scores each completion. Required, except with an [environment] whose own reward "
+        "(get_reward, or a text environment's step rewards) is then the reward.")
     environment: EnvironmentSpec | None = Field(
-        None, description="A text environment: each rollout is an episode of up to training.max_turns replies "
+        None, description="An environment (or tools): each rollout is an episode of several turns "
         "(docs/environments.md).")
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
@@ -60,9 +62,30 @@ class OnPolicyRecipe(Recipe):
                        reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
                        accelerator=accelerator, **self.environment_factory())
 
+    @model_validator(mode="after")
+    def _something_scores(self) -> OnPolicyRecipe:
+        if self.reward is None and self.environment is None:
+            raise ValueError("reward: required (a [reward] table), unless an [environment] scores the episodes")
+        return self
+
     def environment_factory(self) -> dict[str, Any]:
-        """The trainer's `environment_factory` argument, when the recipe names an environment."""
-        return {"environment_factory": self.environment.load()} if self.environment is not None else {}
+        """The trainer's environment arguments (`environment_factory`, `episode_settings`), when the recipe names
+        an environment."""
+        if self.environment is None:
+            return {}
+        return {"environment_factory": self.environment.load(), "episode_settings": self.environment.settings()}
+
+    def use_chat_template(self, tokenizer) -> None:
+        """An environment's training template replaces the model's before any prompt is rendered, and the
+        template is checked for episodes at start (--dry-run included): one line, exit 2, when it cannot serve."""
+        if self.environment is None:
+            return
+        from training_wizard.rollout.chat_templates import load_chat_template
+        from training_wizard.rollout.chat_turns import TurnRenderer
+
+        if self.environment.chat_template is not None:
+            tokenizer.chat_template = load_chat_template(self.environment.chat_template)
+        TurnRenderer(tokenizer, with_tools=self.environment.protocol == "tools")
 
     def load_reference(self, config, policy, accelerator):
         """The `[ref_model]`; else None (the trainer copies the starting policy, or disables a LoRA adapter),
@@ -81,6 +104,7 @@ class OnPolicyRecipe(Recipe):
         config = self.training_config()
         accelerator, console = self.open_run(config.gradient_accumulation_steps)
         tokenizer = self.model.load_tokenizer()
+        self.use_chat_template(tokenizer)
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
         plan = config.batch_plan(accelerator.num_processes, len(train_rows))
         console.print(batch_table(plan))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import torch
@@ -29,7 +29,7 @@ from training_wizard.timeouts import StoppedWhileWaiting, call_with_timeout
 from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts
-from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch, stop_reasons
+from training_wizard.rollout.trajectory import TrajectoryBatch, has_stop, stop_reasons
 from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
@@ -96,7 +96,7 @@ class Sampled:
 
     @property
     def has_stop(self) -> torch.Tensor:
-        return self.stop_reason != StopReason.LENGTH
+        return has_stop(self.stop_reason)
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class EpisodeScoring:
     texts: list[str]
     columns: dict[str, list[Any]]
     rewards: dict[str, list[float]]
+    stats: dict[str, list[float]] = field(default_factory=dict)  # TrajectoryBatch.episode_stats
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,8 @@ class RolloutCollector:
             logprobs=passes.logprobs, ref_logprobs=passes.ref_logprobs, scores=scores, queries=queries,
             completions=texts, components=components, extras=passes.extras, timings=timings,
             sampling_logprobs=None if self.backend.samples_with_training_forward else sampled.sampling_logprobs,
+            episode_stats={name: torch.tensor(values, dtype=torch.float32, device=responses.device)
+                           for name, values in (episode.stats if episode is not None else {}).items()},
         )
 
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:

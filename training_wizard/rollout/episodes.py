@@ -1,43 +1,66 @@
-"""Episodes of several turns with a text environment: the model replies, the environment answers, until the
-environment says done, the turn limit or the token budget.
+"""Episodes of several turns: the model replies, the environment (or its tools) answers, until the episode ends.
 
-The text protocol (the shape of skyrl-gym's and OpenEnv's environments), duck-typed:
-    env = factory()                       # one environment per row, made fresh for every episode
-    env.reset(**row) -> str | None        # the row's columns; text appended to the prompt's last user message
-    env.step(reply) -> (observation: str | None, reward: float | None, done: bool)
+Two protocols (rollout/environment_protocols.py): "tools", TRL's `environment_factory` contract (an
+environment's public methods, and plain functions, are tools the model calls in the Hermes form), and "text"
+(`step(reply) -> (observation, reward, done)`). An environment is made fresh for every episode by its factory; a
+mapping of factories routes each row by its `environment` column.
 
 `EpisodeSource` is a rollout source (rollout/collector.py): it samples each turn with the trainer's generation
 backend, splices the environment's answer in as tokens (rollout/chat_turns.py: token-in/token-out, outside the
 loss mask), and hands the finished token batch to the single-turn collector for the logprob passes and the
-scores. The reward spec scores each row's last reply, with the whole episode as text in a `transcript` column; the
-environment's rewards, summed over the episode, are a reward component named after its class, added with weight 1.
+scores. The reward spec scores each row's last reply, with the whole episode as text in a `transcript` column and
+as messages (`completion_messages`, which TRL-form reward functions get as `completions`); the environment's own
+reward (summed step rewards, or `get_reward()`) is a reward component named after its class, added with weight 1.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import sample_completions
+from training_wizard.rollout.chat_templates import load_chat_template
 from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.collector import EpisodeScoring, RolloutCollector, RolloutRequest, Sampled
+from training_wizard.rollout.environment_protocols import Answer, JobResult, TextProtocol, ToolsProtocol, Turn
 from training_wizard.rollout.generation import GenerationParams
-from training_wizard.rollout.prompts import render_prompt, row_seed
+from training_wizard.rollout.prompts import left_pad, row_seed
+from training_wizard.rollout.tools import reply_parser
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
+
+# Tool calls and environment steps of one turn run in this many threads at most.
+MAX_CONCURRENT_STEPS = 16
 
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """max_turns: model replies per episode; environment_timeout: seconds one environment step may take (past
-    it the episode ends, its step counted as timed out; the run goes on)."""
+    """max_turns: model replies per episode (text protocol); environment_timeout: seconds one tool call or
+    environment step may take (past it the model reads an error and the episode goes on);
+    max_tool_calling_iterations: rounds of tool calls per episode (tools protocol; None: until the budget)."""
 
     max_turns: int = 4
     environment_timeout: float = 60.0
+    max_tool_calling_iterations: int | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """How episodes are played: the protocol, plain-function tools, a custom reply parser (text -> a list of
+    {"name", "arguments"}), the training chat template that replaces the model's (rollout/chat_templates.py:
+    a name, a file or the template), and what a tokenization drift does: "strict" stops the run, "warn" logs
+    it."""
+
+    protocol: Literal["tools", "text"] = "tools"
+    tools: tuple[Callable, ...] = ()
+    tool_parser: Callable[[str], Any] | None = None
+    chat_template: str | None = None
+    tokenization_check: Literal["strict", "warn", "off"] = "warn"
 
 
 @dataclass
@@ -45,19 +68,39 @@ class Episode:
     """One row's episode as it grows: the prompt's ids, then every reply and environment answer."""
 
     environment: Any
+    tools: dict[str, Callable]
+    schemas: list[dict] | None
     prompt_ids: list[int]
+    prompt_messages: list[dict[str, Any]] | None  # None: a plain-text prompt
+    name: str = ""  # the factory's name: the reward component the environment's reward goes to
     ids: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)  # the loss mask: True for the model's tokens
     logprobs: list[float] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt
     transcript: list[str] = field(default_factory=list)
     reward: float = 0.0
     stop: StopReason | None = None
+    counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAT_NAMES, 0.0))
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
         self.sampled += [logprobs is not None] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+STAT_NAMES = ("calls", "failures", "malformed", "drift")
+
+
+def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None) -> EpisodeSettings | None:
+    """How a trainer given an environment or tools plays its episodes (the given settings with the tools added),
+    its training chat template set on the tokenizer before any prompt is rendered; None: single replies."""
+    if environment_factory is None and not tools:
+        return None
+    settings = settings or EpisodeSettings()
+    if settings.chat_template is not None:
+        tokenizer.chat_template = load_chat_template(settings.chat_template)
+    return dataclasses.replace(settings, tools=tuple(settings.tools) + tuple(tools or ()))
 
 
 def turn_seed(row_seed_value: int, turn: int) -> int:
@@ -66,15 +109,31 @@ def turn_seed(row_seed_value: int, turn: int) -> int:
     return row_seed_value if turn == 0 else row_seed(row_seed_value, turn, 1)
 
 
-class EpisodeSource:
-    """A rollout source of episodes with a text environment (module docstring). `environment_factory()` makes
-    one environment; the collector gives the models, the backend, the reward and the sampling settings."""
+def factory_name(factory: Callable) -> str:
+    return getattr(factory, "__name__", type(factory).__name__)
 
-    def __init__(self, collector: RolloutCollector, environment_factory: Callable[[], Any], limits: EpisodeLimits):
-        self.collector, self.factory, self.limits = collector, environment_factory, limits
+
+class EpisodeSource:
+    """A rollout source of episodes (module docstring). `environment_factory`: a callable making one
+    environment, a mapping of them by the rows' `environment` column, or None (tools only); the collector gives
+    the models, the backend, the reward and the sampling settings."""
+
+    def __init__(self, collector: RolloutCollector, environment_factory, limits: EpisodeLimits,
+                 settings: EpisodeSettings = EpisodeSettings()):
+        self.collector, self.limits, self.settings = collector, limits, settings
+        self.factories = environment_factory if isinstance(environment_factory, dict) else (
+            {"": environment_factory} if environment_factory is not None else {})
+        if settings.protocol == "text" and not self.factories:
+            raise UserError("environment: the text protocol needs an environment factory")
+        if settings.protocol == "tools" and not self.factories and not settings.tools:
+            raise UserError("environment: the tools protocol needs an environment factory or tools")
         self.tokenizer = collector.tokenizer
-        self.turns = TurnRenderer(self.tokenizer)
-        self.name = getattr(environment_factory, "__name__", type(environment_factory).__name__)
+        self.protocol = (ToolsProtocol(list(settings.tools), limits.max_tool_calling_iterations)
+                         if settings.protocol == "tools" else TextProtocol(limits.max_turns))
+        self.turns = TurnRenderer(self.tokenizer, with_tools=settings.protocol == "tools")
+        self.parse = reply_parser(self.tokenizer, settings.tool_parser)
+        self.names = sorted({factory_name(factory) for factory in self.factories.values()})
+        self.warned_drift = False
 
     def collect(self, request: RolloutRequest) -> TrajectoryBatch:
         started = time.perf_counter()
@@ -84,119 +143,192 @@ class EpisodeSource:
             if engine.sharded:
                 raise UserError("environment: episodes of several turns need the model's whole weights on each "
                                 "process (plain data parallel, or ds3_gather_for_generation = true)")
-            for turn in range(self.limits.max_turns):
-                running = [i for i, episode in enumerate(episodes) if episode.stop is None]
-                if not running:
-                    break
-                self._turn(engine, request, episodes, running, turn)
+            turn = 0
+            while any(episode.stop is None for episode in episodes):
+                self._turn(engine, request, episodes, turn)
+                turn += 1
             sampled = self._token_batch(episodes, time.perf_counter() - started)
             passes = collector.logprob_passes(engine, sampled)
-        scoring = EpisodeScoring(
-            texts=[episode.replies[-1] if episode.replies else "" for episode in episodes],
-            columns={"transcript": ["".join(episode.transcript) for episode in episodes]},
-            rewards={self.name: [episode.reward for episode in episodes]},
-        )
-        return collector.complete(request, sampled, passes, scoring)
+        return collector.complete(request, sampled, passes, self._scoring(request, episodes))
 
     def _reset(self, request: RolloutRequest, row: int) -> Episode:
         """A fresh environment for dataset row `row`; its reset text joins the prompt's last user message."""
         prompts = request.prompts
         columns = {name: values[row] for name, values in prompts.columns.items()}
         prompt = prompts.prompts[row] if prompts.prompts else None
-        environment = self.factory()
-        opening = environment.reset(**{"prompt": prompt, **columns})
+        name, environment = self._factory(columns, row)
+        opening = environment.reset(**{"prompt": prompt, **columns}) if hasattr(environment, "reset") else None
+        tools, schemas = self.protocol.tools_of(environment)
+        if isinstance(prompt, str) and self.settings.protocol == "tools":
+            prompt = [{"role": "user", "content": prompt}]  # tools need the chat template
         if opening and prompt is not None:
             if isinstance(prompt, str):
                 prompt = prompt + "\n\n" + opening
             else:
                 prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + "\n\n" + opening}]
-            return Episode(environment, render_prompt(self.tokenizer, prompt))
-        return Episode(environment, list(prompts.input_ids[row]))
+        if isinstance(prompt, list):
+            return Episode(environment, tools, schemas, self.turns.prompt_ids(prompt, schemas), prompt, name)
+        ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
+        return Episode(environment, tools, schemas, ids, None, name)
 
-    def _turn(self, engine, request: RolloutRequest, episodes: list[Episode], running: list[int], turn: int) -> None:
+    def _factory(self, columns: dict[str, Any], row: int) -> tuple[str, Any]:
+        """(the factory's name, a fresh environment) for a row: the only factory, or the one its `environment`
+        column names; ("", None) with tools only."""
+        if not self.factories:
+            return "", None
+        chosen = "" if "" in self.factories else columns.get("environment")
+        if chosen not in self.factories:
+            raise UserError(f"dataset row {row}: column 'environment' is {chosen!r}; expected one of "
+                            f"{', '.join(sorted(self.factories))} (the environment factories)")
+        factory = self.factories[chosen]
+        return factory_name(factory), factory()
+
+    def _turn(self, engine, request: RolloutRequest, episodes: list[Episode], turn: int) -> None:
         """One reply for every running episode, then the environments' answers."""
+        running = [i for i, episode in enumerate(episodes) if episode.stop is None]
         settings = self.collector.settings
-        budget = settings.response_length
-        contexts = [episodes[i].prompt_ids + episodes[i].ids for i in running]
-        width = max(len(ids) for ids in contexts)
-        pad = settings.pad_token_id
-        prompt_ids = torch.full((len(running), width), pad, dtype=torch.long)
-        for row, ids in enumerate(contexts):
-            prompt_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        prompt_mask = torch.zeros_like(prompt_ids, dtype=torch.bool)
-        for row, ids in enumerate(contexts):
-            prompt_mask[row, width - len(ids):] = True
-        left = [budget - len(episodes[i].ids) for i in running]
-        params = GenerationParams(max(left), settings.temperature, settings.stop_token_ids, pad, settings.filters)
+        prompt_ids, prompt_mask = left_pad([episodes[i].prompt_ids + episodes[i].ids for i in running],
+                                           settings.pad_token_id)
+        left = [settings.response_length - len(episodes[i].ids) for i in running]
+        params = GenerationParams(max(left), settings.temperature, settings.stop_token_ids, settings.pad_token_id,
+                                  settings.filters)
         seeds = [turn_seed(request.seeds[i], turn) for i in running]
         device = self.collector.accelerator.device
         out = sample_completions(self.collector.backend, engine.model, prompt_ids.to(device), prompt_mask.to(device),
                                  params, seeds)
-        replies = []
+        pending: dict[int, tuple[Turn | Answer, int | None]] = {}
         for row, i in enumerate(running):
             keep = out.mask[row].nonzero().flatten()[: left[row]]
             ids, logprobs = out.responses[row, keep].tolist(), out.sampling_logprobs[row, keep].tolist()
-            episodes[i].add(ids, logprobs)
+            episode = episodes[i]
+            episode.add(ids, logprobs)
             ended = bool(out.has_stop[row]) and len(keep) == int(out.mask[row].sum())
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            episodes[i].replies.append(text)
-            episodes[i].transcript.append(self.tokenizer.decode(ids))
+            episode.replies.append(text)
+            episode.transcript.append(self.tokenizer.decode(ids))
+            content = self.tokenizer.decode(ids[:-1] if ended else ids, clean_up_tokenization_spaces=False)
+            episode.messages.append({"role": "assistant", "content": content})
             if not ended:
-                episodes[i].stop = StopReason.LENGTH
-            replies.append((i, text, ids[-1] if ids else None))
-        self._answer(episodes, [(i, text, end) for i, text, end in replies if episodes[i].stop is None], turn)
+                episode.stop = StopReason.LENGTH
+                continue
+            step = self.protocol.turn(episode.environment, episode.tools, text, len(episode.replies), self.parse)
+            pending[i] = (step, ids[-1] if ids else None)
+        results = self._run_jobs({i: step.jobs for i, (step, _) in pending.items() if isinstance(step, Turn)})
+        for i, (step, reply_end) in pending.items():
+            answer = step if isinstance(step, Answer) else step.answer(results[i])
+            self._apply(episodes[i], answer, reply_end)
 
-    def _answer(self, episodes: list[Episode], replies: list[tuple[int, str, int]], turn: int) -> None:
-        """Each environment's step on its reply, run concurrently, each within environment_timeout; its answer
-        spliced in as tokens outside the loss mask."""
-        budget = self.collector.settings.response_length
-        if not replies:
+    def _apply(self, episode: Episode, answer: Answer, reply_end: int | None) -> None:
+        """An answer's reward and counts into the episode; its messages spliced in as tokens, cut at the token
+        budget (a cut answer ends the episode: no room is left for a reply)."""
+        episode.reward += answer.reward
+        for name in ("calls", "failures", "malformed"):
+            episode.counts[name] += getattr(answer, name)
+        if answer.stop is not None or not answer.messages:
+            episode.stop = answer.stop if answer.stop is not None else StopReason.ENVIRONMENT_DONE
             return
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(replies)))
+        ids = self.turns.message_ids(answer.messages, reply_end)
+        room = self.collector.settings.response_length - len(episode.ids)
+        episode.add(ids[:room], None)
+        episode.messages += answer.messages
+        episode.transcript.append(self.tokenizer.decode(ids[:room]))
+        if len(ids) >= room:
+            episode.stop = StopReason.LENGTH
+
+    def _run_jobs(self, jobs: dict[int, list[Callable[[], Any]]]) -> dict[int, list[JobResult]]:
+        """Every job of this turn, concurrently; each within environment_timeout from its own start. A job that
+        raises or runs late gives an error result; its thread is left behind (Python cannot stop it) and the
+        run goes on."""
+        flat = [(i, job) for i, episode_jobs in jobs.items() for job in episode_jobs]
+        results: dict[int, list[JobResult]] = {i: [] for i in jobs}
+        if not flat:
+            return results
+        timeout = self.limits.environment_timeout
+        starts: dict[int, float] = {}
+
+        def timed(index: int, job: Callable[[], Any]) -> Any:
+            starts[index] = time.monotonic()
+            return job()
+
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(MAX_CONCURRENT_STEPS, len(flat)))
+        futures = [pool.submit(timed, index, job) for index, (_, job) in enumerate(flat)]
+        late: set[int] = set()
+        pending = set(futures)
+        while pending:
+            _, pending = concurrent.futures.wait(pending, timeout=min(0.05, timeout))
+            now = time.monotonic()
+            for index, future in enumerate(futures):
+                if future in pending and index in starts and now - starts[index] > timeout:
+                    late.add(index)
+                    pending.discard(future)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for index, (i, _) in enumerate(flat):
+            future = futures[index]
+            if index in late:
+                results[i].append(JobResult(error=f"no answer within environment_timeout ({timeout:g} s)"))
+            elif future.exception() is not None:
+                error = future.exception()
+                results[i].append(JobResult(error=f"{type(error).__name__}: {error}"))
+            else:
+                results[i].append(JobResult(future.result()))
+        return results
+
+    def _scoring(self, request: RolloutRequest, episodes: list[Episode]) -> EpisodeScoring:
+        """The texts and columns the reward reads, the environment's rewards by class name, and the counts the
+        episode metrics sum. A failing get_reward or a strict tokenization check stops every process."""
+        error = None
         try:
-            futures = {i: pool.submit(episodes[i].environment.step, text) for i, text, _ in replies}
-            for i, _, end in replies:
-                episode = episodes[i]
-                try:
-                    observation, reward, done = futures[i].result(timeout=self.limits.environment_timeout)
-                except concurrent.futures.TimeoutError:
-                    observation, reward, done = None, None, True
-                episode.reward += float(reward or 0.0)
-                if done or observation is None:
-                    episode.stop = StopReason.ENVIRONMENT_DONE
-                    continue
-                if turn + 1 >= self.limits.max_turns:
-                    episode.stop = StopReason.TURNS
-                    continue
-                answer = self.turns.observation_ids(str(observation), end)
-                room = budget - len(episode.ids)
-                episode.add(answer[:room], None)
-                episode.transcript.append(self.tokenizer.decode(answer[:room]))
-                if len(answer) >= room:  # no room left for a reply: the budget ended the episode
-                    episode.stop = StopReason.LENGTH
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            for episode in episodes:
+                episode.reward += self.protocol.final_reward(episode.environment)
+        except Exception as exc:  # the environment's own scorer: a bug the run cannot go on with
+            error = f"environment: get_reward raised {type(exc).__name__}: {exc}"
+        if error is None and self.settings.tokenization_check != "off":
+            error = self._check_tokenization(request, episodes)
+        self.collector.collectives.raise_if_any_failed(error)
+        rewards = {name: [episode.reward if episode.name == name else 0.0 for episode in episodes]
+                   for name in self.names}
+        return EpisodeScoring(
+            texts=[episode.replies[-1] if episode.replies else "" for episode in episodes],
+            columns={"transcript": ["".join(episode.transcript) for episode in episodes],
+                     "completion_messages": [episode.messages for episode in episodes],
+                     "environments": [episode.environment for episode in episodes]},
+            rewards=rewards,
+            stats={name: [episode.counts[name] for episode in episodes] for name in STAT_NAMES},
+        )
+
+    def _check_tokenization(self, request: RolloutRequest, episodes: list[Episode]) -> str | None:
+        """Compare each conversational episode's spliced ids with the template's own rendering; count drift, warn
+        once, or (strict) return the error that stops the run."""
+        for row, episode in zip(request.rows, episodes):
+            last_reply = max(i for i, message in enumerate(episode.messages) if message["role"] == "assistant")
+            if episode.prompt_messages is None or last_reply == 0:
+                continue  # nothing was spliced
+            if not self.turns.drift(episode.prompt_ids, episode.ids, episode.sampled, episode.prompt_messages,
+                                    episode.messages[: last_reply + 1], episode.schemas):
+                continue
+            episode.counts["drift"] = 1.0
+            message = (f"environment: dataset row {row}: the episode's spliced token ids differ from the chat "
+                       "template's rendering of its conversation (tokenization_check)")
+            if self.settings.tokenization_check == "strict":
+                return message
+            if not self.warned_drift:
+                print(f"warning: {message}; episodes/tokenization_drift counts them", flush=True)
+                self.warned_drift = True
+        return None
 
     def _token_batch(self, episodes: list[Episode], seconds: float) -> Sampled:
-        """The episodes as one left-padded token batch (shapes as in TrajectoryBatch); the completion width is the
-        same on every process (token-level statistics gather (B, T) tensors)."""
+        """The episodes as one token batch, prompts left-padded (shapes as in TrajectoryBatch); the completion
+        width is the same on every process (token-level statistics gather (B, T) tensors)."""
         collector, pad = self.collector, self.collector.settings.pad_token_id
-        for episode in episodes:
-            if episode.stop is None:  # the turn limit reached on a reply the environment did not answer
-                episode.stop = StopReason.TURNS
         width = collector.collectives.max_int(max(len(episode.ids) for episode in episodes))
-        prompt_width = max(len(episode.prompt_ids) for episode in episodes)
+        prompt_ids, prompt_mask = left_pad([episode.prompt_ids for episode in episodes], pad)
         rows = len(episodes)
-        prompt_ids = torch.full((rows, prompt_width), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.bool)
         ids = torch.full((rows, width), pad, dtype=torch.long)
         real = torch.zeros((rows, width), dtype=torch.bool)
         loss = torch.zeros((rows, width), dtype=torch.bool)
         logprobs = torch.zeros((rows, width), dtype=torch.float32)
         for row, episode in enumerate(episodes):
-            length, prompt_length = len(episode.ids), len(episode.prompt_ids)
-            prompt_ids[row, prompt_width - prompt_length:] = torch.tensor(episode.prompt_ids, dtype=torch.long)
-            prompt_mask[row, prompt_width - prompt_length:] = True
+            length = len(episode.ids)
             ids[row, :length] = torch.tensor(episode.ids, dtype=torch.long)
             real[row, :length] = True
             loss[row, :length] = torch.tensor(episode.sampled, dtype=torch.bool)

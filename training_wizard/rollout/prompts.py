@@ -71,14 +71,18 @@ class EncodedPrompts:
 
     def left_pad(self, indices: list[int], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, mask), each (len(indices), longest), padded on the left."""
-        width = max(len(self.input_ids[i]) for i in indices)
-        ids = torch.full((len(indices), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(indices), width), dtype=torch.bool)
-        for row, index in enumerate(indices):
-            tokens = self.input_ids[index]
-            ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, width - len(tokens) :] = True
-        return ids, mask
+        return left_pad([self.input_ids[i] for i in indices], pad_token_id)
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token lists, each (len(sequences), longest), padded on the left."""
+    width = max(len(tokens) for tokens in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for row, tokens in enumerate(sequences):
+        ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, width - len(tokens):] = True
+    return ids, mask
 
 
 @dataclass

@@ -54,6 +54,9 @@ class TrajectoryBatch:
     components: Mapping[str, list[float]] = field(default_factory=dict)  # reward components, (B,) each
     extras: Mapping[str, torch.Tensor] = field(default_factory=dict)  # per-token (B, T) passes, e.g. PPO "values"
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds: generation, logprobs, scoring
+    # episodes of several turns: per-row counts (B,) float32 by name (tool calls, failures, malformed calls,
+    # tokenization drift), which the episode metrics sum; empty for single replies
+    episode_stats: Mapping[str, torch.Tensor] = field(default_factory=dict)
     # (B, T) float32, 0 outside the loss mask: the behaviour policy's logprobs as the sampling engine gave them,
     # when that engine is not the training model (vLLM); None: `logprobs` are the sampler's
     sampling_logprobs: torch.Tensor | None = None
@@ -64,8 +67,7 @@ class TrajectoryBatch:
 
     @property
     def has_stop(self) -> torch.Tensor:
-        """(B,) bool: the row was not cut off by the length budget (its last reply ended by itself)."""
-        return self.stop_reason != StopReason.LENGTH
+        return has_stop(self.stop_reason)
 
     def rows(self, index: torch.Tensor) -> dict[str, Any]:
         """The tensors an update micro-batch needs, for the rows `index`, cut to their content: prompt columns
@@ -87,6 +89,11 @@ class TrajectoryBatch:
         if self.sampling_logprobs is not None:
             picked["sampling_logprobs"] = self.sampling_logprobs[index, :width]
         return picked
+
+
+def has_stop(stop_reason: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the row was not cut off by the length budget (its last reply ended by itself)."""
+    return stop_reason != StopReason.LENGTH
 
 
 def stop_reasons(has_stop: torch.Tensor) -> torch.Tensor:

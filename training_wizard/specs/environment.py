@@ -1,37 +1,91 @@
-"""The `[environment]` table: the text environment a run's episodes are played in (rollout/episodes.py).
+"""The `[environment]` table: the environment and tools of a run's episodes (rollout/episodes.py).
 
     [environment]
-    factory = "my_package.games:Guess"     # a class with a no-argument constructor (or any function making one)
-    # protocol = "text"                     # reset(**row) -> str | None; step(reply) -> (observation, reward, done)
+    factory = "my_package.calculator:Calculator"  # a class with a no-argument constructor (or a function making
+                                                  # one); or a table of them by the rows' `environment` column
+    tools = ["my_package.tools:lookup"]           # plain functions the model may call
+    protocol = "tools"                            # TRL's contract (default), or "text": step(reply) ->
+                                                  # (observation, reward, done)
+    chat_template = "hermes"                      # when the model's own cannot render tools
 
-Its limits are `[training]` keys: `max_turns` (model replies per episode) and `environment_timeout` (seconds per
-step); `response_length` is the whole episode's token budget, the environment's tokens included.
+Its limits are `[training]` keys: `max_tool_calling_iterations`, `max_turns` (text protocol), and
+`environment_timeout`; `response_length` is the whole episode's token budget, the environment's tokens included.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from training_wizard.spec import Spec
-from training_wizard.specs.reward import resolve_function
+from training_wizard.specs.reward import RewardSpec, resolve_function
 
 
 class EnvironmentSpec(Spec):
-    """A text environment for episodes of several turns."""
+    """The environment (or tools) of episodes of several turns."""
 
-    factory: str = Field(description="Import path of the environment class (or a function returning one), "
-                         "'package.module:Name'; one is made for every episode.")
-    protocol: Literal["text"] = Field("text", description="text: reset(**row) -> str | None appended to the "
-                                      "prompt's last user message; step(reply) -> (observation, reward, done).")
+    factory: str | dict[str, str] | None = Field(
+        None, description="Import path of the environment class (or a function returning one), "
+        "'package.module:Name', made fresh for every episode; or a table of them by name, each row choosing one "
+        "by its `environment` column.")
+    tools: list[str] = Field(
+        default_factory=list, description="Import paths of plain functions the model may call (typed arguments, "
+        "a docstring with 'Args:'), beside the environment's own public methods.")
+    protocol: Literal["tools", "text"] = Field(
+        "tools", description="tools: TRL's environment_factory contract (reset(**row) -> str | None; every other "
+        "public method a tool; optional get_reward()). text: reset(**row), then step(reply) -> (observation, "
+        "reward, done) each turn.")
+    tool_parser: str | None = Field(
+        None, description="Import path of a function reading a reply's tool calls (text -> a list of {'name', "
+        "'arguments'}; ValueError for a malformed reply). Default: the tokenizer's response parser when it has "
+        "one, else the Hermes <tool_call> JSON form.")
+    chat_template: str | None = Field(
+        None, description="A training chat template replacing the model's: 'hermes' (ChatML with Hermes tool "
+        "calls), the path of a Jinja file, or the template itself. Needed when the model's own cannot render "
+        "tools or is not prefix-preserving (the run says so at start).")
+    tokenization_check: Literal["strict", "warn", "off"] = Field(
+        "warn", description="Compare each episode's spliced token ids with the chat template's rendering of its "
+        "conversation: strict stops the run at a difference, warn logs it (episodes/tokenization_drift).")
 
-    @field_validator("factory")
+    @field_validator("factory", "tools", "tool_parser")
     @classmethod
-    def _importable_now(cls, factory: str) -> str:
-        """Import it when the recipe loads, so --dry-run catches a typo before any model loads."""
-        resolve_function(factory, raising=ValueError)
-        return factory
+    def _importable_now(cls, value: Any) -> Any:
+        """Import them when the recipe loads, so --dry-run catches a typo before any model loads."""
+        paths = value.values() if isinstance(value, dict) else [value] if isinstance(value, str) else value or []
+        for path in paths:
+            resolve_function(path, raising=ValueError)
+        return value
 
-    def load(self) -> Callable[[], Any]:
-        return resolve_function(self.factory, raising=ValueError, key="environment.factory: ")
+    @model_validator(mode="after")
+    def _something_to_play(self) -> EnvironmentSpec:
+        if self.factory is None and (self.protocol == "text" or not self.tools):
+            raise ValueError("name an environment factory" + (" (the text protocol steps one)" if self.protocol
+                                                               == "text" else ", tools, or both"))
+        return self
+
+    def load(self) -> Callable[[], Any] | dict[str, Callable[[], Any]] | None:
+        """The trainer's `environment_factory`."""
+        def load_one(path: str) -> Callable[[], Any]:
+            return resolve_function(path, raising=ValueError, key="environment.factory: ")
+        if isinstance(self.factory, dict):
+            return {name: load_one(path) for name, path in self.factory.items()}
+        return load_one(self.factory) if self.factory is not None else None
+
+    def settings(self):
+        """The trainer's `episode_settings`."""
+        from training_wizard.rollout.episodes import EpisodeSettings
+
+        parser = resolve_function(self.tool_parser, raising=ValueError, key="environment.tool_parser: ") \
+            if self.tool_parser else None
+        tools = tuple(resolve_function(path, raising=ValueError, key="environment.tools: ") for path in self.tools)
+        return EpisodeSettings(protocol=self.protocol, tools=tools, tool_parser=parser,
+                               chat_template=self.chat_template, tokenization_check=self.tokenization_check)
+
+
+class EnvironmentReward(RewardSpec):
+    """The reward of a run without a `[reward]` table: 0 for every episode, to which the environment's own reward
+    (a component named after its class) is added."""
+
+    def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+        return [0.0] * len(completions)

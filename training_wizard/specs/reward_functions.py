@@ -169,14 +169,17 @@ def trl_inputs(
 
     The dataset's own prompt (`dataset_prompts`) is used where the trainer passed it; elsewhere (an evaluation
     judge, a pre-tokenised row) the query text stands in. A conversational row's completion becomes one assistant
-    message. Without `completion_ids` (a caller other than the trainer) functions receive `completion_ids=None`.
+    message; an episode's (`completion_messages`) is its whole conversation after the prompt, as TRL gives it
+    (the replies and the environment's messages). Without `completion_ids` (a caller other than the trainer) functions receive `completion_ids=None`.
     """
     rest = dict(columns)
     originals = rest.pop("dataset_prompts", None) or [None] * len(queries)
+    episodes = rest.pop("completion_messages", None) or [None] * len(queries)
     prompts = [query if original is None else original for query, original in zip(queries, originals)]
     completions = [
-        [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
-        for prompt, text in zip(prompts, completions)
+        episode if episode is not None and isinstance(prompt, list)
+        else [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+        for prompt, text, episode in zip(prompts, completions, episodes)
     ]
     rest.setdefault("completion_ids", None)
     return prompts, completions, rest

@@ -32,7 +32,7 @@ from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
-from training_wizard.rollout.episodes import EpisodeLimits, EpisodeSource
+from training_wizard.rollout.episodes import EpisodeLimits, EpisodeSettings, EpisodeSource, prepare_episodes
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.prompts import EncodedPrompts, row_seed
@@ -41,6 +41,7 @@ from training_wizard.sharding import unwrap_model
 from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.timeouts import StoppedWhileWaiting
+from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
@@ -76,7 +77,7 @@ class OnPolicyTrainer(UpdateLoop):
         config: OnPolicyConfig,
         tokenizer,
         policy: torch.nn.Module,
-        reward_model: torch.nn.Module | RewardSpec | Callable[..., list[float]],
+        reward_model: torch.nn.Module | RewardSpec | Callable[..., list[float]] | None,
         train_dataset,
         ref_policy: torch.nn.Module | None = None,
         eval_dataset=None,
@@ -84,16 +85,20 @@ class OnPolicyTrainer(UpdateLoop):
         additional_models: dict[str, torch.nn.Module] | None = None,
         generation_backend: GenerationBackend | None = None,
         rollout_source: RolloutSource | Callable[[RolloutCollector], RolloutSource] | None = None,
-        environment_factory: Callable[[], Any] | None = None,
+        environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
+        tools: list[Callable] | None = None,
+        episode_settings: EpisodeSettings | None = None,
     ):
         """additional_models: models trained beside the policy with the same optimizer, by checkpoint folder name
         (PPO's value model). generation_backend: what samples completions (rollout/backends.py), instead of the
         one the config chooses. rollout_source: what makes each iteration's TrajectoryBatch instead of the
         single-turn collector; a callable is given that collector (it holds the models, the reward and the
         backend, and runs the logprob passes and scoring of any token batch) and returns the source.
-        environment_factory: makes a text environment (rollout/episodes.py) for each row: the rollout is then
-        episodes of up to max_turns replies."""
+        environment_factory (a mapping of them routes rows by their `environment` column) and tools, TRL's
+        arguments: the rollout becomes episodes (rollout/episodes.py) played as `episode_settings` say; then
+        reward_model may be None (the environment's reward is the reward)."""
         self.tokenizer = tokenizer
+        episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings)
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
         self.config = config = config.for_processes(self.accelerator.num_processes)
@@ -106,7 +111,7 @@ class OnPolicyTrainer(UpdateLoop):
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
-        self.reward = as_reward(reward_model)
+        self.reward = as_reward(EnvironmentReward() if reward_model is None and episodes else reward_model)
         self._setup_models(policy, ref_policy, additional_models or {})
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
                              for ids in prompts.input_ids)
@@ -119,7 +124,7 @@ class OnPolicyTrainer(UpdateLoop):
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
             extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
-        self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory)
+        self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory, episodes)
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
@@ -129,11 +134,11 @@ class OnPolicyTrainer(UpdateLoop):
         self.last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     # ---------------------------------------------------------------------------------------------- set-up
-    def _choose_rollout_source(self, rollout_source, environment_factory) -> RolloutSource:
+    def _choose_rollout_source(self, rollout_source, environment_factory, episodes) -> RolloutSource:
         """The given source (or what its factory makes of the collector), episodes with the given environment,
         or the single-turn collector."""
-        if environment_factory is not None:
-            rollout_source = episode_source(environment_factory, self.config)
+        if episodes is not None:
+            rollout_source = episode_source(environment_factory, episodes, self.config)
         if rollout_source is None:
             return self.collector
         return rollout_source if hasattr(rollout_source, "collect") else rollout_source(self.collector)
@@ -370,7 +375,7 @@ class OnPolicyTrainer(UpdateLoop):
             metrics[f"rewards/{name}"] = component_mean(self.collectives, device, values)
         if rollout.sampling_logprobs is not None:
             metrics.update(self._sampling_metrics(rollout))
-        if isinstance(self.rollout_source, EpisodeSource):
+        if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
         return metrics
 
@@ -426,7 +431,9 @@ class OnPolicyTrainer(UpdateLoop):
         }
 
 
-def episode_source(environment_factory: Callable[[], Any], config: OnPolicyConfig):
-    """The rollout source of episodes with `environment_factory`'s environments, under the config's limits."""
-    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout)
-    return lambda collector: EpisodeSource(collector, environment_factory, limits)
+def episode_source(environment_factory, settings: EpisodeSettings, config: OnPolicyConfig):
+    """The rollout source of episodes with `environment_factory`'s environments, under the config's limits (the
+    collector it is given holds the models)."""
+    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout,
+                           max_tool_calling_iterations=config.max_tool_calling_iterations)
+    return lambda collector: EpisodeSource(collector, environment_factory, limits, settings)

@@ -112,10 +112,14 @@ class OnPolicyConfig(RunConfig):
         "one batch; past it the run stops with one line naming it and the step, the last checkpoint kept. A stop "
         "signal while it runs ends the run within a second (exit 143/130, checkpoint of the iteration's start).",
     )
-    max_turns: PositiveInt = Field(4, description="With an environment: model replies per episode at most.")
+    max_turns: PositiveInt = Field(
+        4, description="With a text environment: model replies per episode at most.")
+    max_tool_calling_iterations: PositiveInt | None = Field(
+        None, description="With tools: rounds of tool calls per episode at most (TRL's name); a reply that calls "
+        "a tool past them ends the episode. None: until the model stops calling or response_length runs out.")
     environment_timeout: PositiveFloat = Field(
-        60.0, description="With an environment: seconds one environment step may take; past it the episode ends "
-        "(the run goes on).")
+        60.0, description="With an environment: seconds one tool call or environment step may take; past it the "
+        "model reads an error message and the episode goes on.")
     # -- regularisation ------------------------------------------------------------------------------------------
     kl_coef: NonNegativeFloat = Field(
         0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=aliases("kl_coef", "beta")

@@ -53,16 +53,29 @@ def sampling_metrics(collectives, device, batch, weights: ImportanceWeights, per
 
 
 def episode_metrics(collectives, device, batch) -> dict[str, float]:
-    """Episodes of several turns: replies and environment tokens per episode, and the share of episodes each
-    stop reason ended (means over every process's rows; every process holds as many)."""
+    """Episodes of several turns (docs/environments.md): replies and environment tokens per episode, the share
+    of episodes each stop reason ended, and the tool counts with TRL's names and definitions (calls per episode,
+    failures per call) beside ours. Sums over every process's rows."""
     from training_wizard.rollout.trajectory import StopReason
 
-    loss, real = batch.loss_mask, batch.completion_mask
+    loss, real, stats = batch.loss_mask, batch.completion_mask, batch.episode_stats
     replies = loss[:, 0].float() + (loss[:, 1:] & ~loss[:, :-1]).sum(-1).float()  # runs of the model's tokens
-    reasons = {"length": StopReason.LENGTH, "turns": StopReason.TURNS, "environment": StopReason.ENVIRONMENT_DONE}
-    values = [replies.mean(), (real & ~loss).sum(-1).float().mean()]
-    values += [(batch.stop_reason == int(code)).float().mean() for code in reasons.values()]
-    means = collectives.mean(torch.stack(values).to(device))
-    names = ["episodes/replies_mean", "episodes/environment_tokens_mean",
-             *(f"episodes/stopped_by_{name}" for name in reasons)]
-    return {name: float(value) for name, value in zip(names, means)}
+    reasons = {"stop_token": StopReason.STOP_TOKEN, "length": StopReason.LENGTH, "turns": StopReason.TURNS,
+               "environment": StopReason.ENVIRONMENT_DONE, "tool_budget": StopReason.TOOL_BUDGET}
+    per_row = [replies, (real & ~loss).sum(-1).float(), torch.ones_like(replies)]
+    per_row += [(batch.stop_reason == int(code)).float() for code in reasons.values()]
+    per_row += [stats[name].float() for name in ("calls", "failures", "malformed", "drift")]
+    per_row.append((stats["calls"] > 0).float())
+    (replies_sum, environment_tokens, episodes, *stopped, calls, failures, malformed, drift, with_call) = \
+        collectives.sum(torch.stack([values.sum() for values in per_row]).to(device))
+    metrics = {
+        "episodes/replies_mean": float(replies_sum / episodes),
+        "episodes/environment_tokens_mean": float(environment_tokens / episodes),
+        "episodes/tokenization_drift": float(drift / episodes),
+        "tools/call_frequency": float(calls / episodes),
+        "tools/failure_frequency": float(failures / calls.clamp(min=1)),
+        "tools/malformed_frequency": float(malformed / (calls + malformed).clamp(min=1)),
+        "tools/episodes_with_call": float(with_call / episodes),
+    }
+    metrics.update({f"episodes/stopped_by_{name}": float(value / episodes) for name, value in zip(reasons, stopped)})
+    return metrics

@@ -1,0 +1,140 @@
+"""What an environment does between two replies, in the two protocols an `[environment]` table can name.
+
+- "tools" (TRL 1.x's `environment_factory` contract, the default): `reset(**row) -> str | None`; every other
+  public method is a tool; optional `get_reward()` (sync or async) scores the finished episode. Plain functions
+  given as `tools` are tools without an environment. A reply with tool calls gets one tool message per call (and
+  one per malformed call, holding the error); a reply without calls ends the episode (the model answered).
+- "text" (skyrl-gym's and OpenEnv's shape): `reset(**row) -> str | None`; `step(reply) -> (observation, reward,
+  done)`; the observation comes back as a user message, the step rewards are summed.
+
+A protocol turns a reply into `Job`s (calls to run, each within environment_timeout, concurrently) and their
+results into an `Answer`: the messages to splice in, a reward, a stop reason, and the call counts the tools/*
+metrics read. Neither a job's exception nor its timeout ends the run: each becomes an error message to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from training_wizard.rollout.tools import ParsedReply, ToolCall, call_tool, environment_tools, error_text, tool_schema
+from training_wizard.rollout.trajectory import StopReason
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A job's return value, or the error that replaced it (an exception or a timeout)."""
+
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass
+class Answer:
+    """The environment's answer to one reply."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    stop: StopReason | None = None
+    calls: int = 0
+    failures: int = 0
+    malformed: int = 0
+
+
+@dataclass
+class Turn:
+    """What a protocol needs to answer one reply: the jobs to run, and how to read their results."""
+
+    jobs: list[Callable[[], Any]]
+    answer: Callable[[list[JobResult]], Answer]
+
+
+def _result(value: Any) -> Any:
+    """An async method's or function's value (its coroutine run to the end); a plain value as it is."""
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+class TextProtocol:
+    """reset, then step(reply) -> (observation, reward, done) each turn, up to max_turns replies."""
+
+    name = "text"
+
+    def __init__(self, max_turns: int):
+        self.max_turns = max_turns
+
+    def tools_of(self, environment: Any) -> tuple[dict[str, Callable], list[dict] | None]:
+        return {}, None
+
+    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse) -> Turn | Answer:
+        def answer(results: list[JobResult]) -> Answer:
+            found = results[0]
+            if found.error is not None:  # the step raised or timed out: the model reads why, the episode goes on
+                return self._limit(Answer([self._message(error_text(found.error))], failures=1), replies)
+            observation, reward, done = found.value
+            if done or observation is None:
+                return Answer(reward=float(reward or 0.0), stop=StopReason.ENVIRONMENT_DONE)
+            return self._limit(Answer([self._message(str(observation))], reward=float(reward or 0.0)), replies)
+        return Turn([lambda: environment.step(reply)], answer)
+
+    @staticmethod
+    def _message(text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    def _limit(self, answer: Answer, replies: int) -> Answer:
+        if replies >= self.max_turns:  # no reply may follow: the message is not spliced in
+            return Answer(reward=answer.reward, stop=StopReason.TURNS, failures=answer.failures)
+        return answer
+
+    def final_reward(self, environment: Any) -> float:
+        return 0.0
+
+
+class ToolsProtocol:
+    """Tool calls each turn until a reply calls none, or max_tool_calling_iterations rounds have run."""
+
+    name = "tools"
+
+    def __init__(self, functions: list[Callable], max_rounds: int | None):
+        self.functions = {function.__name__: function for function in functions}
+        self.function_schemas = [tool_schema(function) for function in functions]
+        self.max_rounds = max_rounds
+
+    def tools_of(self, environment: Any) -> tuple[dict[str, Callable], list[dict] | None]:
+        """The tools an episode may call (its environment's methods, then the plain functions) and their
+        schemas for the chat template."""
+        methods = environment_tools(environment) if environment is not None else {}
+        schemas = [tool_schema(method) for method in methods.values()] + self.function_schemas
+        return {**methods, **self.functions}, schemas or None
+
+    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse) -> Turn | Answer:
+        parsed: ParsedReply = parse(reply)
+        if not parsed.attempted:
+            return Answer(stop=StopReason.STOP_TOKEN)  # no call: this reply is the model's answer
+        if self.max_rounds is not None and replies > self.max_rounds:
+            return Answer(stop=StopReason.TOOL_BUDGET)  # its calls are not run, nor counted
+
+        def answer(results: list[JobResult]) -> Answer:
+            messages, failures = [], 0
+            for call, found in zip(parsed.calls, results):
+                text, failed = (error_text(found.error), True) if found.error is not None else found.value
+                failures += failed
+                messages.append({"role": "tool", "name": call.name, "content": text})
+            for _ in range(parsed.malformed):
+                messages.append({"role": "tool", "name": "error", "content": error_text(
+                    "a tool call could not be read: expected <tool_call> JSON with name and arguments </tool_call>")})
+            return Answer(messages, calls=len(parsed.calls), failures=failures, malformed=parsed.malformed)
+        return Turn([_bound(tools, call) for call in parsed.calls], answer)
+
+    def final_reward(self, environment: Any) -> float:
+        scorer = getattr(environment, "get_reward", None)
+        return float(_result(scorer())) if scorer is not None else 0.0
+
+
+def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:
+    return lambda: call_tool(tools, call)

@@ -1,0 +1,167 @@
+"""Tools an episode's model may call: their schemas for the chat template, reading calls out of a reply, and
+running them so that nothing a tool does can end the run.
+
+A tool is a Python function (or an environment's public method) with typed arguments and a Google-style
+docstring (`Args:`), TRL's contract; its JSON schema comes from transformers' `get_json_schema`, which the chat
+template renders as the tool list. A call is read from the reply in the Hermes form the training templates teach,
+
+    <tool_call>
+    {"name": "calculate", "arguments": {"expression": "12 * 7"}}
+    </tool_call>
+
+or by the tokenizer's own response parser when it has one (transformers' `response_template`), or by a parser the
+recipe names. Arguments are passed to the function as keywords; the model's text is never evaluated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from training_wizard.errors import UserError
+
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+# Methods of an environment that are its protocol, never tools (TRL: every other public method is a tool).
+_NOT_TOOLS = frozenset({"reset", "get_reward"})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote: the tool's name and its keyword arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """The calls read from one reply, and how many attempted calls could not be read (malformed)."""
+
+    calls: list[ToolCall]
+    malformed: int
+
+    @property
+    def attempted(self) -> bool:
+        return bool(self.calls) or self.malformed > 0
+
+
+def tool_schema(function: Callable) -> dict[str, Any]:
+    """The JSON schema the chat template renders for `function`; one line naming it when its signature or
+    docstring cannot describe it (an argument without a type, a docstring without `Args:`)."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(function)
+    except Exception as exc:  # transformers raises its own parsing errors; the message names what is missing
+        name = getattr(function, "__qualname__", repr(function))
+        raise UserError(f"tool {name}: cannot describe it to the model ({exc}); give every argument a type and "
+                        "the docstring an 'Args:' section") from None
+
+
+def environment_tools(environment: Any) -> dict[str, Callable]:
+    """An environment's tools: its public methods other than reset and get_reward, by name."""
+    tools = {}
+    for name in dir(type(environment)):
+        if name.startswith("_") or name in _NOT_TOOLS:
+            continue
+        if inspect.isfunction(getattr(type(environment), name, None)):
+            tools[name] = getattr(environment, name)
+    return tools
+
+
+def _call_from_json(payload: Any) -> ToolCall | None:
+    """A call from its JSON object ({"name": str, "arguments": object or a JSON string of one}); None when it is
+    not one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return None
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return None
+    return ToolCall(payload["name"], arguments) if isinstance(arguments, dict) else None
+
+
+def parse_hermes(text: str) -> ParsedReply:
+    """The `<tool_call>{json}</tool_call>` blocks of a reply. A block whose JSON cannot be read, that is not a
+    call, or that never closes counts as malformed."""
+    calls, malformed = [], 0
+    for match in _HERMES_CALL.finditer(text):
+        body, closed = match.group(1).strip(), bool(match.group(2))
+        try:
+            call = _call_from_json(json.loads(body)) if closed else None
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            malformed += 1
+        else:
+            calls.append(call)
+    return ParsedReply(calls, malformed)
+
+
+def parse_with_tokenizer(tokenizer, text: str) -> ParsedReply:
+    """The calls transformers' response parser reads (the tokenizer's `response_template`); a reply it cannot
+    parse counts as one malformed call."""
+    try:
+        message = tokenizer.parse_response(text, prefix="")
+    except Exception:  # the parser's own errors: the reply is not in the template's format
+        return ParsedReply([], 1)
+    calls, malformed = [], 0
+    for entry in message.get("tool_calls") or []:
+        call = _call_from_json(entry.get("function", entry) if isinstance(entry, dict) else None)
+        if call is None:
+            malformed += 1
+        else:
+            calls.append(call)
+    return ParsedReply(calls, malformed)
+
+
+def reply_parser(tokenizer, custom: Callable[[str], Any] | None = None) -> Callable[[str], ParsedReply]:
+    """The parser of an episode's replies: the recipe's own (`tool_parser`, text -> a list of {"name",
+    "arguments"}; raising ValueError for a malformed reply), else the tokenizer's response parser, else Hermes."""
+    if custom is not None:
+        def parse_custom(text: str) -> ParsedReply:
+            try:
+                found = custom(text)
+            except ValueError:
+                return ParsedReply([], 1)
+            calls = [_call_from_json(entry) for entry in found or []]
+            return ParsedReply([call for call in calls if call], sum(call is None for call in calls))
+        return parse_custom
+    if getattr(tokenizer, "response_template", None):
+        return lambda text: parse_with_tokenizer(tokenizer, text)
+    return parse_hermes
+
+
+def error_text(message: str) -> str:
+    """What a failed call returns to the model: a JSON object with its error."""
+    return json.dumps({"error": message})
+
+
+def call_tool(tools: dict[str, Callable], call: ToolCall) -> tuple[str, bool]:
+    """(the tool's result as text, whether the call failed). An unknown tool, arguments the function does not
+    take, or an exception inside it give an error text; an async tool is run to its end."""
+    function = tools.get(call.name)
+    if function is None:
+        return error_text(f"unknown tool {call.name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"), True
+    try:
+        inspect.signature(function).bind(**call.arguments)
+    except TypeError as exc:
+        return error_text(f"bad arguments for {call.name}: {exc}"), True
+    try:
+        result = function(**call.arguments)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+    except Exception as exc:  # a tool's failure is the model's information, never the run's end
+        return error_text(f"{type(exc).__name__}: {exc}"), True
+    return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+
+
+async def _awaited(awaitable):
+    return await awaitable
