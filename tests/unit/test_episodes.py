@@ -1,5 +1,5 @@
-"""Episodes of several turns with a text environment (rollout/episodes.py, protocol "text"): token-in/token-out splicing, the loss
-mask, stop reasons, environment rewards, a hung environment, and training with RLOO, PPO and GRPO.
+"""Episodes of several turns with a text environment (rollout/episodes.py, protocol "text"): token-in/token-out
+splicing, the loss mask, stop reasons, environment rewards, a hung environment, and training with RLOO, PPO and GRPO.
 
 The tiny tokenizer's decode then encode changes the ids of nearly every random sample, so a re-tokenised reply
 would fail the splicing checks. Half the vocabulary stops a reply, so replies are a few tokens long and an
@@ -193,3 +193,56 @@ def test_an_environment_that_cannot_be_imported_is_one_line(tiny_model_dir, tmp_
     assert main([str(recipe)]) == 2
     error = capsys.readouterr().err.strip()
     assert "environment.factory" in error and "test_episodes:Missing" in error and len(error.splitlines()) == 1
+
+
+EVAL_EPISODES = """\
+output_dir = "{out}"
+response_length = 64
+max_turns = 2
+
+[prompts]
+data_files = "{data}"
+
+[candidate]
+pretrained_name = "{model}"
+
+[environment]
+factory = "tests.unit.test_episodes:Echo"
+protocol = "text"
+
+[metrics.answered]
+spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
+function = "tests.unit.test_episodes:answers_read"
+"""
+
+
+def answers_read(prompts, completions, transcript, **columns):
+    """How many of Echo's answers the episode holds."""
+    return [float(text.count("You wrote 0 letters.")) for text in transcript]
+
+
+def test_eval_plays_episodes_as_training_does(tmp_path, capsys):
+    """A model that ends every reply at once (its head always picks the stop token): each episode is an empty reply,
+    Echo's answer, another empty reply, and the turn limit; Echo pays 1 per reply it stepped."""
+    import json
+
+    from training_wizard.cli import main
+    from training_wizard.testing import build_tokenizer, save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "model", arch="qwen2")
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():  # a large value bias in the last layer swamps the residual: one direction wins always
+        last = model.model.layers[-1].self_attn
+        last.v_proj.bias.fill_(100.0)
+        direction = last.o_proj.weight @ torch.full((last.o_proj.in_features,), 100.0)  # every head's value
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[build_tokenizer().eos_token_id] = direction * model.model.norm.weight / direction.norm()
+    model.save_pretrained(folder)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(row) for row in chat_prompts(3)))
+    recipe = tmp_path / "eval.toml"
+    recipe.write_text(EVAL_EPISODES.format(out=tmp_path / "eval", data=data, model=folder))
+    assert main(["eval", str(recipe)]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "eval" / "metrics.json").read_text())["candidate"]
+    assert summary["answered"]["mean"] == 1.0 and summary["answered"]["n"] == 3
+    assert summary["rewards/Echo"]["mean"] == 2.0 and summary["tools/episodes_with_call"]["mean"] == 0.0

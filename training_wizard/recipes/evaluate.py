@@ -21,6 +21,7 @@ from training_wizard.errors import UserError
 from training_wizard.evaluation.judges import JudgeSpec
 from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
+from training_wizard.specs.environment import EnvironmentSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
 
@@ -37,10 +38,14 @@ class Completions:
     texts: list[str] = field(default_factory=list)
     has_stop: list[bool] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
+    # episodes: the reward columns training gives (transcript, completion_messages, environments), and the
+    # per-episode values reported beside the metrics (the environment's reward, tool calls)
+    episode_columns: dict[str, list[Any]] = field(default_factory=dict)
+    episode_values: dict[str, list[float]] = field(default_factory=dict)
 
     def reward_columns(self, columns: dict[str, list[Any]], spec: RewardSpec) -> dict[str, list[Any]]:
         """The columns `spec.score` gets, as the rollout collector builds them."""
-        extra: dict[str, list[Any]] = {"completion_has_eos": self.has_stop}
+        extra: dict[str, list[Any]] = {"completion_has_eos": self.has_stop, **self.episode_columns}
         if spec.uses_trl_inputs():
             extra["completion_ids"] = self.token_ids
             extra["dataset_prompts"] = self.prompts or [None] * len(self.texts)
@@ -68,6 +73,14 @@ class EvaluateRecipe(Recipe):
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 decodes greedily.")
     batch_size: PositiveInt = Field(16, description="Prompts per generation batch.")
     dtype: str = Field("float32", description="Weight dtype of both models.")
+    environment: EnvironmentSpec | None = Field(
+        None, description="Play episodes as training does (docs/environments.md): the metrics score each episode's "
+        "last reply (with transcript, completion_messages and environments columns); the environment's reward and "
+        "the tool-call shares are reported beside them. response_length is the episode's budget.")
+    max_turns: PositiveInt = Field(4, description="With a text environment: model replies per episode at most.")
+    max_tool_calling_iterations: PositiveInt | None = Field(
+        None, description="With tools: rounds of tool calls per episode at most.")
+    environment_timeout: float = Field(60.0, gt=0, description="Seconds one tool call or environment step may take.")
 
     @model_validator(mode="after")
     def _one_baseline(self) -> EvaluateRecipe:
@@ -144,6 +157,11 @@ class EvaluateRecipe(Recipe):
                 console.print(f"{side} {completions.name}: {metric} {result.describe()}", soft_wrap=True)
                 for row, value in zip(per_row, values):
                     row[f"{side}_{metric}"] = value
+            for metric, values in completions.episode_values.items():
+                result = mean_score(values)
+                summary[side][metric] = {"mean": result.mean, "ci95_low": result.low, "ci95_high": result.high,
+                                         "n": result.n}
+                console.print(f"{side} {completions.name}: {metric} {result.describe()}", soft_wrap=True)
             for row, completion in zip(per_row, completions.texts):
                 row[side] = completion
         (folder / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
@@ -160,6 +178,8 @@ class EvaluateRecipe(Recipe):
 
         tokenizer = spec.load_tokenizer()
         model = spec.load_causal_lm(self.dtype, tokenizer).eval()
+        if self.environment is not None:
+            return self._episodes(spec.pretrained_name, tokenizer, model, rows)
         encoded = EncodedPrompts.from_rows(rows, tokenizer)
         pad, stop = tokenizer.pad_token_id, default_stop_token_ids(tokenizer, model)
         params = GenerationParams(self.response_length, self.temperature, stop, pad)
@@ -174,6 +194,43 @@ class EvaluateRecipe(Recipe):
             result.has_stop += sampled.has_stop.tolist()
             # as the trainer passes them to TRL-form rewards: without padding, with the stop token when sampled
             result.token_ids += [row[keep].tolist() for row, keep in zip(sampled.responses, sampled.mask)]
+        return result
+
+    def _episodes(self, name: str, tokenizer, model, rows: list[dict[str, Any]]) -> Completions:
+        """One episode per row, played as training plays them (rollout/episodes.py), keyed by row."""
+        from training_wizard.rollout.backends import DecodeLoopBackend
+        from training_wizard.rollout.collector import SamplingSettings
+        from training_wizard.rollout.episodes import EpisodeLimits, EpisodePlayer, prepare_episodes
+        from training_wizard.rollout.generation import default_stop_token_ids
+        from training_wizard.rollout.prompts import EncodedPrompts, row_seed
+        from training_wizard.rollout.trajectory import StopReason
+
+        environment = self.environment
+        factory, settings = environment.load(), environment.settings()
+        settings = prepare_episodes(tokenizer, factory, (), settings)
+        encoded = EncodedPrompts.from_rows(rows, tokenizer)
+        sampling = SamplingSettings(self.response_length, self.temperature, default_stop_token_ids(tokenizer, model),
+                                    tokenizer.pad_token_id, forward_batch_size=self.batch_size)
+        limits = EpisodeLimits(self.max_turns, self.environment_timeout, self.max_tool_calling_iterations)
+        player = EpisodePlayer(tokenizer, DecodeLoopBackend(self.batch_size), sampling, factory, limits, settings)
+        result = Completions(name, encoded.queries, encoded.prompts, tokenizer)
+        episodes = []
+        for first in range(0, len(rows), self.batch_size):
+            indices = list(range(first, min(first + self.batch_size, len(rows))))
+            seeds = [row_seed(self.seed, 0, i) for i in indices]  # as a single reply's: the first turn is one
+            played = player.play(model, encoded, indices, seeds, next(model.parameters()).device)
+            error = player.finish(indices, played)
+            if error is not None:
+                raise UserError(error)
+            episodes += played
+        scoring = player.scoring(episodes)
+        result.texts, result.episode_columns = scoring.texts, scoring.columns
+        result.has_stop = [episode.stop != StopReason.LENGTH for episode in episodes]
+        result.token_ids = [episode.ids for episode in episodes]
+        result.episode_values = {f"rewards/{key}": values for key, values in scoring.rewards.items()}
+        calls = scoring.stats["calls"]
+        result.episode_values["tools/episodes_with_call"] = [float(count > 0) for count in calls]
+        result.episode_values["tools/call_frequency"] = list(calls)
         return result
 
     def _reference_completions(self, rows: list[dict[str, Any]], candidate: Completions) -> Completions:

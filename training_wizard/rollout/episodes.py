@@ -27,10 +27,12 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.backends import sample_completions
 from training_wizard.rollout.chat_templates import load_chat_template
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.collector import EpisodeScoring, RolloutCollector, RolloutRequest, Sampled
+from training_wizard.rollout.collector import (
+    EpisodeScoring, RolloutCollector, RolloutRequest, Sampled, SamplingSettings,
+)
 from training_wizard.rollout.environment_protocols import Answer, JobResult, TextProtocol, ToolsProtocol, Turn
 from training_wizard.rollout.generation import GenerationParams
-from training_wizard.rollout.prompts import left_pad, row_seed
+from training_wizard.rollout.prompts import EncodedPrompts, left_pad, row_seed
 from training_wizard.rollout.tools import reply_parser
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 
@@ -113,47 +115,41 @@ def factory_name(factory: Callable) -> str:
     return getattr(factory, "__name__", type(factory).__name__)
 
 
-class EpisodeSource:
-    """A rollout source of episodes (module docstring). `environment_factory`: a callable making one
-    environment, a mapping of them by the rows' `environment` column, or None (tools only); the collector gives
-    the models, the backend, the reward and the sampling settings."""
+class EpisodePlayer:
+    """Plays episodes (module docstring) with a model: `play` samples every turn and splices every answer in,
+    `finish` adds the environments' end-of-episode rewards and checks the tokenization, `scoring` gives what the
+    reward reads. `environment_factory`: a callable making one environment, a mapping of them by the rows'
+    `environment` column, or None (tools only). Training (EpisodeSource) and evaluation both play through it."""
 
-    def __init__(self, collector: RolloutCollector, environment_factory, limits: EpisodeLimits,
+    def __init__(self, tokenizer, backend, sampling: SamplingSettings, environment_factory, limits: EpisodeLimits,
                  settings: EpisodeSettings = EpisodeSettings()):
-        self.collector, self.limits, self.settings = collector, limits, settings
+        self.tokenizer, self.backend, self.sampling, self.limits, self.settings = (
+            tokenizer, backend, sampling, limits, settings)
         self.factories = environment_factory if isinstance(environment_factory, dict) else (
             {"": environment_factory} if environment_factory is not None else {})
         if settings.protocol == "text" and not self.factories:
             raise UserError("environment: the text protocol needs an environment factory")
         if settings.protocol == "tools" and not self.factories and not settings.tools:
             raise UserError("environment: the tools protocol needs an environment factory or tools")
-        self.tokenizer = collector.tokenizer
         self.protocol = (ToolsProtocol(list(settings.tools), limits.max_tool_calling_iterations)
                          if settings.protocol == "tools" else TextProtocol(limits.max_turns))
-        self.turns = TurnRenderer(self.tokenizer, with_tools=settings.protocol == "tools")
-        self.parse = reply_parser(self.tokenizer, settings.tool_parser)
+        self.turns = TurnRenderer(tokenizer, with_tools=settings.protocol == "tools")
+        self.parse = reply_parser(tokenizer, settings.tool_parser)
         self.names = sorted({factory_name(factory) for factory in self.factories.values()})
         self.warned_drift = False
 
-    def collect(self, request: RolloutRequest) -> TrajectoryBatch:
-        started = time.perf_counter()
-        episodes = [self._reset(request, row) for row in request.rows]
-        collector = self.collector
-        with collector.rollout_engine() as engine:
-            if engine.sharded:
-                raise UserError("environment: episodes of several turns need the model's whole weights on each "
-                                "process (plain data parallel, or ds3_gather_for_generation = true)")
-            turn = 0
-            while any(episode.stop is None for episode in episodes):
-                self._turn(engine, request, episodes, turn)
-                turn += 1
-            sampled = self._token_batch(episodes, time.perf_counter() - started)
-            passes = collector.logprob_passes(engine, sampled)
-        return collector.complete(request, sampled, passes, self._scoring(request, episodes))
+    def play(self, model, prompts: EncodedPrompts, rows: list[int], seeds: list[int], device) -> list[Episode]:
+        """The episodes of dataset rows `rows`, each turn sampled with the row's key `seeds[i]` (turn_seed)."""
+        episodes = [self._reset(prompts, row) for row in rows]
+        turn = 0
+        while any(episode.stop is None for episode in episodes):
+            self._turn(model, seeds, episodes, turn, device)
+            turn += 1
+        return episodes
 
-    def _reset(self, request: RolloutRequest, row: int) -> Episode:
+
+    def _reset(self, prompts: EncodedPrompts, row: int) -> Episode:
         """A fresh environment for dataset row `row`; its reset text joins the prompt's last user message."""
-        prompts = request.prompts
         columns = {name: values[row] for name, values in prompts.columns.items()}
         prompt = prompts.prompts[row] if prompts.prompts else None
         name, environment = self._factory(columns, row)
@@ -183,19 +179,17 @@ class EpisodeSource:
         factory = self.factories[chosen]
         return factory_name(factory), factory()
 
-    def _turn(self, engine, request: RolloutRequest, episodes: list[Episode], turn: int) -> None:
+    def _turn(self, model, seeds: list[int], episodes: list[Episode], turn: int, device) -> None:
         """One reply for every running episode, then the environments' answers."""
         running = [i for i, episode in enumerate(episodes) if episode.stop is None]
-        settings = self.collector.settings
+        settings = self.sampling
         prompt_ids, prompt_mask = left_pad([episodes[i].prompt_ids + episodes[i].ids for i in running],
                                            settings.pad_token_id)
         left = [settings.response_length - len(episodes[i].ids) for i in running]
         params = GenerationParams(max(left), settings.temperature, settings.stop_token_ids, settings.pad_token_id,
                                   settings.filters)
-        seeds = [turn_seed(request.seeds[i], turn) for i in running]
-        device = self.collector.accelerator.device
-        out = sample_completions(self.collector.backend, engine.model, prompt_ids.to(device), prompt_mask.to(device),
-                                 params, seeds)
+        out = sample_completions(self.backend, model, prompt_ids.to(device), prompt_mask.to(device), params,
+                                 [turn_seed(seeds[i], turn) for i in running])
         pending: dict[int, tuple[Turn | Answer, int | None]] = {}
         for row, i in enumerate(running):
             keep = out.mask[row].nonzero().flatten()[: left[row]]
@@ -228,7 +222,7 @@ class EpisodeSource:
             episode.stop = answer.stop if answer.stop is not None else StopReason.ENVIRONMENT_DONE
             return
         ids = self.turns.message_ids(answer.messages, reply_end)
-        room = self.collector.settings.response_length - len(episode.ids)
+        room = self.sampling.response_length - len(episode.ids)
         episode.add(ids[:room], None)
         episode.messages += answer.messages
         episode.transcript.append(self.tokenizer.decode(ids[:room]))
@@ -273,18 +267,21 @@ class EpisodeSource:
                 results[i].append(JobResult(future.result()))
         return results
 
-    def _scoring(self, request: RolloutRequest, episodes: list[Episode]) -> EpisodeScoring:
-        """The texts and columns the reward reads, the environment's rewards by class name, and the counts the
-        episode metrics sum. A failing get_reward or a strict tokenization check stops every process."""
-        error = None
+    def finish(self, rows: list[int], episodes: list[Episode]) -> str | None:
+        """The environments' end-of-episode rewards (get_reward) and the tokenization check; the error that must
+        stop the run (a failing get_reward, a strict check's difference), or None."""
         try:
             for episode in episodes:
                 episode.reward += self.protocol.final_reward(episode.environment)
         except Exception as exc:  # the environment's own scorer: a bug the run cannot go on with
-            error = f"environment: get_reward raised {type(exc).__name__}: {exc}"
-        if error is None and self.settings.tokenization_check != "off":
-            error = self._check_tokenization(request, episodes)
-        self.collector.collectives.raise_if_any_failed(error)
+            return f"environment: get_reward raised {type(exc).__name__}: {exc}"
+        if self.settings.tokenization_check != "off":
+            return self._check_tokenization(rows, episodes)
+        return None
+
+    def scoring(self, episodes: list[Episode]) -> EpisodeScoring:
+        """The texts and columns the reward reads, the environment's rewards by factory name, and the counts the
+        episode metrics sum."""
         rewards = {name: [episode.reward if episode.name == name else 0.0 for episode in episodes]
                    for name in self.names}
         return EpisodeScoring(
@@ -296,10 +293,10 @@ class EpisodeSource:
             stats={name: [episode.counts[name] for episode in episodes] for name in STAT_NAMES},
         )
 
-    def _check_tokenization(self, request: RolloutRequest, episodes: list[Episode]) -> str | None:
+    def _check_tokenization(self, rows: list[int], episodes: list[Episode]) -> str | None:
         """Compare each conversational episode's spliced ids with the template's own rendering; count drift, warn
         once, or (strict) return the error that stops the run."""
-        for row, episode in zip(request.rows, episodes):
+        for row, episode in zip(rows, episodes):
             last_reply = max(i for i, message in enumerate(episode.messages) if message["role"] == "assistant")
             if episode.prompt_messages is None or last_reply == 0:
                 continue  # nothing was spliced
@@ -315,6 +312,31 @@ class EpisodeSource:
                 print(f"warning: {message}; episodes/tokenization_drift counts them", flush=True)
                 self.warned_drift = True
         return None
+
+
+class EpisodeSource:
+    """A rollout source of episodes: an EpisodePlayer's episodes as one token batch, with the collector's
+    logprob passes and scores (the collector gives the models, the backend, the reward and the settings)."""
+
+    def __init__(self, collector: RolloutCollector, environment_factory, limits: EpisodeLimits,
+                 settings: EpisodeSettings = EpisodeSettings()):
+        self.collector = collector
+        self.player = EpisodePlayer(collector.tokenizer, collector.backend, collector.settings, environment_factory,
+                                    limits, settings)
+
+    def collect(self, request: RolloutRequest) -> TrajectoryBatch:
+        started = time.perf_counter()
+        collector, player = self.collector, self.player
+        with collector.rollout_engine() as engine:
+            if engine.sharded:
+                raise UserError("environment: episodes of several turns need the model's whole weights on each "
+                                "process (plain data parallel, or ds3_gather_for_generation = true)")
+            episodes = player.play(engine.model, request.prompts, request.rows, request.seeds,
+                                   collector.accelerator.device)
+            sampled = self._token_batch(episodes, time.perf_counter() - started)
+            passes = collector.logprob_passes(engine, sampled)
+        collector.collectives.raise_if_any_failed(player.finish(request.rows, episodes))
+        return collector.complete(request, sampled, passes, player.scoring(episodes))
 
     def _token_batch(self, episodes: list[Episode], seconds: float) -> Sampled:
         """The episodes as one token batch, prompts left-padded (shapes as in TrajectoryBatch); the completion
