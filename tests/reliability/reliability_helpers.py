@@ -56,12 +56,31 @@ ITERATIONS = 12
 REWARDS = '''
 def distinct(prompts, completions, **columns):
     return [float(len(set(c))) for c in completions]
+
+
+class Echo:
+    """A text environment for episodes: answers each reply with its length, pays 1 per reply."""
+
+    def reset(self, prompt=None, **row):
+        return None
+
+    def step(self, reply):
+        return f"{len(reply)} letters.", 1.0, False
+'''
+
+# episodes: GRPO whose rollouts are episodes of up to 2 replies with Echo; half the vocabulary stops a reply, so
+# replies are short and most episodes reach their second turn
+EPISODES = '''
+[environment]
+factory = "rel_rewards:Echo"
+protocol = "text"
 '''
 
 
 def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algorithm: str = "rloo") -> Path:
-    """The reliability recipe for `algorithm` "rloo", "grpo" or "ppo" (PPO: one completion per prompt, so 8 prompts per
-    iteration from the 6-prompt dataset, and a value model that starts from the policy)."""
+    """The reliability recipe for `algorithm` "rloo", "grpo", "ppo" (PPO: one completion per prompt, so 8 prompts per
+    iteration from the 6-prompt dataset, and a value model that starts from the policy) or "grpo-episodes" (GRPO on
+    episodes of a text environment: EPISODES)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "prompts.jsonl"
     if not data.exists():
@@ -71,9 +90,14 @@ def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algor
     text = RECIPE.format(out=folder / name, model=model_dir, data=data)
     if algorithm == "ppo":
         text = text.replace('recipe_class = "rloo"', 'recipe_class = "ppo"').replace("rloo_k = 2\n", "")
-    if algorithm == "grpo":  # GRPO with a reference (beta) and the dapo token normalisation over each step
+    if algorithm.startswith("grpo"):  # GRPO with a reference (beta) and the dapo token normalisation over each step
         text = text.replace('recipe_class = "rloo"', 'recipe_class = "grpo"')
         text = text.replace("rloo_k = 2\n", "num_generations = 2\nbeta = 0.1\nepsilon_high = 0.28\n")
+    if algorithm == "grpo-episodes":
+        stops = list(range(40, 300, 2))
+        budget = f"response_length = 40\nmax_turns = 2\nstop_token_ids = {stops}\n"
+        text = text.replace("response_length = 6\n", budget)
+        text = text.replace("[training]", EPISODES.strip() + "\n\n[training]")
     recipe.write_text(text + extra)
     return recipe
 

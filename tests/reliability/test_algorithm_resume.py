@@ -1,15 +1,15 @@
-"""PPO and GRPO through the CLI: kill -9 inside generation, the update and a save, each followed by a resume from
-`latest`, ends bit for bit where an uninterrupted run of the same algorithm ends (weights, including PPO's value
-model, Adam state, metrics). RLOO has its own, longer schedule of kills in test_kill_resume.py."""
+"""PPO, GRPO and GRPO on episodes of several turns through the CLI: kill -9 inside generation, the update and a
+save, each followed by a resume from `latest`, ends bit for bit where an uninterrupted run of the same algorithm
+ends (weights, including PPO's value model, Adam state, metrics). RLOO has its own, longer schedule of kills in test_kill_resume.py."""
 
 import signal
 
 import pytest
 
-from reliability_helpers import assert_same_run, make_recipe, run_cli
+from reliability_helpers import assert_same_run, make_recipe, read_jsonl, run_cli
 
 
-@pytest.fixture(scope="module", params=["ppo", "grpo"])
+@pytest.fixture(scope="module", params=["ppo", "grpo", pytest.param("grpo-episodes", marks=pytest.mark.slow)])
 def algorithm_reference(request, tmp_path_factory, tiny_model_dir):
     """(algorithm, the uninterrupted run's folder)."""
     algorithm = request.param
@@ -30,3 +30,5 @@ def test_kill_9_then_resume_is_exact(tmp_path, tiny_model_dir, algorithm_referen
     child = run_cli(argv, tmp_path / "logs" / "last")
     assert child.code == 0, child.stderr()[-3000:]
     assert_same_run(tmp_path / "killed", reference)
+    if algorithm == "grpo-episodes":  # the environment answered: episodes of more than one reply were resumed
+        assert min(m["episodes/replies_mean"] for m in read_jsonl(reference / "metrics.jsonl")) > 1.2

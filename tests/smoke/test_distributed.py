@@ -53,6 +53,21 @@ def broken_on_rank_1(prompts, completions, **columns):
     if os.environ.get("RANK") == "1":
         return [float("nan")] * len(completions)
     return [1.0] * len(completions)
+
+class Echo:
+    def reset(self, prompt=None, **row):
+        return None
+
+    def step(self, reply):
+        return f"{len(reply)} letters.", float(len(reply) % 3), False
+'''
+
+# episodes of up to 2 replies with Echo (a text environment); half the vocabulary stops a reply, so replies are
+# short, episodes end at different turns and lengths on each process
+EPISODES = '''[environment]
+factory = "dp_rewards:Echo"
+protocol = "text"
+
 '''
 
 
@@ -78,11 +93,16 @@ def write_recipe(tmp_path, model_dir, name, processes, reward="distinct", token_
     if algorithm == "ppo":  # one completion per prompt; advantages are always whitened, per token
         text = text.replace('"rloo"', '"ppo"').replace("rloo_k = 2\n", "").replace("normalize_advantage = true\n", "")
         text = text.replace(f"token_level_kl = {token_level}\n", "")
-    if algorithm == "grpo":  # TRL 1.x names; the token-level dapo loss normalised over both processes' tokens
+    if algorithm.startswith("grpo"):  # TRL 1.x names; the token-level dapo loss normalised over both processes' tokens
         text = text.replace('"rloo"', '"grpo"').replace("rloo_k = 2\n", "num_generations = 2\n")
         text = text.replace("normalize_advantage = true\n", "").replace(f"token_level_kl = {token_level}\n", "")
         text = text.replace("kl_coef = 0.1\n", "beta = 0.1\nepsilon_high = 0.28\nmask_truncated_completions = true\n"
                             "scale_rewards = \"batch\"\n")
+    if algorithm == "grpo-episodes":
+        stops = list(range(40, 300, 2))
+        budget = f"response_length = 40\nmax_turns = 2\nstop_token_ids = {stops}\n"
+        text = text.replace("response_length = 6\n", budget)
+        text = text.replace("[training]", EPISODES + "[training]")
     recipe.write_text(text)
     return recipe
 
@@ -126,6 +146,7 @@ COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
                           pytest.param("grpo", "false", ("training.importance_sampling_level=sequence",
                                                          "training.loss_type=grpo", "training.beta=0.0"),
                                        id="grpo_sequence_no_reference", marks=pytest.mark.slow),
+                          pytest.param("grpo-episodes", "false", (), id="grpo_episodes", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", FAST_PATH, id="fast_path", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", COMPILED_FAST_PATH, id="fast_path_compiled",
                                        marks=pytest.mark.slow)])
@@ -155,6 +176,9 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, to
             "policy/approxkl_avg", "val/num_eos_tokens", "episode", "lr"]
     if algorithm == "ppo":
         keys += ["loss/value_avg", "val/clipfrac_avg"]
+    if algorithm == "grpo-episodes":
+        keys += ["episodes/replies_mean", "episodes/environment_tokens_mean", "rewards/Echo", "entropy"]
+        assert min(m["episodes/replies_mean"] for m in m1) > 1.2  # the environment answered: several turns
     if algorithm == "grpo":
         keys += ["reward", "reward_std", "frac_reward_zero_std", "completions/clipped_ratio", "entropy",
                  "clip_ratio/region_mean", "policy/clipfrac_avg"]
