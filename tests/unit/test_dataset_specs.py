@@ -387,7 +387,7 @@ def test_validate_prompts_accepts_both_formats(tmp_path):
         ("   ", "dataset row 1: prompt: empty string"),
         (None, "dataset row 1: prompt: expected a string or a list of messages, got None"),
         ([], "dataset row 1: prompt: expected a string or a list of messages, got []"),
-        ([{"role": "robot", "content": "hi"}], "dataset row 1: prompt[0].role: expected system, user or assistant"),
+        ([{"role": "robot", "content": "hi"}], "dataset row 1: prompt[0].role: expected system, user, assistant or tool"),
         ([{"role": "user", "content": 3}], "dataset row 1: prompt[0].content: expected a string"),
         (
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],

@@ -36,6 +36,8 @@ from training_wizard.specs.data_files import (
 )
 
 ROLES = ("system", "user", "assistant")
+# a prompt may also hold tool results (a worked exchange with a tool call, as TRL's prompts may): never trained on
+PROMPT_ROLES = (*ROLES, "tool")
 # A prompt may use at most this fraction of response_length tokens when filter_length is on (as in training-wizard 1.0's RLOO example).
 FILTER_LENGTH_FRACTION = 0.9
 
@@ -353,8 +355,8 @@ def validate_prompt_row(row: dict[str, Any], index: int, label: str = "dataset")
     if not isinstance(prompt, list) or not prompt:
         raise UserError(f"{label} row {index}: prompt: expected a string or a list of messages, got {prompt!r}"[:300])
     for position, message in enumerate(prompt):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise UserError(f"{label} row {index}: prompt[{position}].role: expected system, user or assistant")
+        if not isinstance(message, dict) or message.get("role") not in PROMPT_ROLES:
+            raise UserError(f"{label} row {index}: prompt[{position}].role: expected system, user, assistant or tool")
         if not isinstance(message.get("content"), str):
             raise UserError(f"{label} row {index}: prompt[{position}].content: expected a string")
     if prompt[-1]["role"] != "user":
