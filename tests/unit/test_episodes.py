@@ -139,7 +139,12 @@ def test_a_hung_environment_step_is_an_error_message_and_the_episode_goes_on(tok
     assert all(reason in (int(StopReason.TURNS), int(StopReason.LENGTH)) for reason in stopped)
     assert batch.components["Sleepy"] == [0.0] * batch.num_rows  # the late answers never counted
     answered = [row for row in range(batch.num_rows) if (batch.completion_mask[row] & ~batch.loss_mask[row]).any()]
-    assert answered and batch.episode_stats["failures"][answered].min() >= 1
+    assert answered and batch.episode_stats["errors"][answered].min() >= 1
+    assert batch.episode_stats["failures"].sum() == 0  # no tool was called
+    from training_wizard.trainers.rollout_metrics import episode_metrics
+
+    metrics = episode_metrics(trainer.collectives, "cpu", batch)
+    assert metrics["episodes/environment_errors_mean"] >= 1 and metrics["tools/failure_frequency"] == 0
     for row in answered:
         answer = batch.completion_ids[row][batch.completion_mask[row] & ~batch.loss_mask[row]]
         assert "no answer within environment_timeout (0.3 s)" in tokenizer.decode(answer)

@@ -40,6 +40,7 @@ class Answer:
     stop: StopReason | None = None
     calls: int = 0
     failures: int = 0
+    errors: int = 0  # text protocol: steps that raised or ran past environment_timeout
     malformed: int = 0
 
 
@@ -75,7 +76,7 @@ class TextProtocol:
         def answer(results: list[JobResult]) -> Answer:
             found = results[0]
             if found.error is not None:  # the step raised or timed out: the model reads why, the episode goes on
-                return self._limit(Answer([self._message(error_text(found.error))], failures=1), replies)
+                return self._limit(Answer([self._message(error_text(found.error))], errors=1), replies)
             observation, reward, done = found.value
             if done or observation is None:
                 return Answer(reward=float(reward or 0.0), stop=StopReason.ENVIRONMENT_DONE)
@@ -88,7 +89,7 @@ class TextProtocol:
 
     def _limit(self, answer: Answer, replies: int) -> Answer:
         if replies >= self.max_turns:  # no reply may follow: the message is not spliced in
-            return Answer(reward=answer.reward, stop=StopReason.TURNS, failures=answer.failures)
+            return Answer(reward=answer.reward, stop=StopReason.TURNS, errors=answer.errors)
         return answer
 
     def final_reward(self, environment: Any) -> float:

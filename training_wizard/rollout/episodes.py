@@ -91,7 +91,7 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-STAT_NAMES = ("calls", "failures", "malformed", "drift")
+STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift")
 
 
 def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None) -> EpisodeSettings | None:
@@ -146,7 +146,6 @@ class EpisodePlayer:
             self._turn(model, seeds, episodes, turn, device)
             turn += 1
         return episodes
-
 
     def _reset(self, prompts: EncodedPrompts, row: int) -> Episode:
         """A fresh environment for dataset row `row`; its reset text joins the prompt's last user message."""
@@ -216,7 +215,7 @@ class EpisodePlayer:
         """An answer's reward and counts into the episode; its messages spliced in as tokens, cut at the token
         budget (a cut answer ends the episode: no room is left for a reply)."""
         episode.reward += answer.reward
-        for name in ("calls", "failures", "malformed"):
+        for name in ("calls", "failures", "malformed", "errors"):
             episode.counts[name] += getattr(answer, name)
         if answer.stop is not None or not answer.messages:
             episode.stop = answer.stop if answer.stop is not None else StopReason.ENVIRONMENT_DONE

@@ -64,14 +64,15 @@ def episode_metrics(collectives, device, batch) -> dict[str, float]:
                "environment": StopReason.ENVIRONMENT_DONE, "tool_budget": StopReason.TOOL_BUDGET}
     per_row = [replies, (real & ~loss).sum(-1).float(), torch.ones_like(replies)]
     per_row += [(batch.stop_reason == int(code)).float() for code in reasons.values()]
-    per_row += [stats[name].float() for name in ("calls", "failures", "malformed", "drift")]
+    per_row += [stats[name].float() for name in ("calls", "failures", "malformed", "errors", "drift")]
     per_row.append((stats["calls"] > 0).float())
-    (replies_sum, environment_tokens, episodes, *stopped, calls, failures, malformed, drift, with_call) = \
+    (replies_sum, environment_tokens, episodes, *stopped, calls, failures, malformed, errors, drift, with_call) = \
         collectives.sum(torch.stack([values.sum() for values in per_row]).to(device))
     metrics = {
         "episodes/replies_mean": float(replies_sum / episodes),
         "episodes/environment_tokens_mean": float(environment_tokens / episodes),
         "episodes/tokenization_drift": float(drift / episodes),
+        "episodes/environment_errors_mean": float(errors / episodes),
         "tools/call_frequency": float(calls / episodes),
         "tools/failure_frequency": float(failures / calls.clamp(min=1)),
         "tools/malformed_frequency": float(malformed / (calls + malformed).clamp(min=1)),
