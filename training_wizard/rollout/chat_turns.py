@@ -57,6 +57,8 @@ class TurnRenderer:
         if with_tools:
             self._check_renders_tools()
         self._after_reply = before[before.rindex(_PROBE_REPLY) + len(_PROBE_REPLY):]
+        # what message_text renders its messages after, every turn: rendered once here
+        self._before_plain = self.render(self._probe, False) if with_tools else before
 
     def _check_renders_tools(self) -> None:
         opening = self.render([{"role": "user", "content": _PROBE_QUESTION}], True, [_PROBE_TOOL])
@@ -79,7 +81,7 @@ class TurnRenderer:
 
     def message_text(self, messages: list[dict[str, Any]], reply_end: str) -> str:
         """The text the template writes after a reply that ended with `reply_end`, for `messages`."""
-        before = self.render(self._probe, False)
+        before = self._before_plain
         rendered = self.render(self._probe + messages, True)
         after_reply = self._after_reply
         if reply_end and after_reply.startswith(reply_end):

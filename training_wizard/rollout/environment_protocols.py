@@ -14,12 +14,12 @@ metrics read. Neither a job's exception nor its timeout ends the run: each becom
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from training_wizard.rollout.tools import ParsedReply, ToolCall, call_tool, environment_tools, error_text, tool_schema
+from training_wizard.rollout.tools import (
+    ParsedReply, ToolCall, awaited_value, call_tool, environment_tools, error_text, tool_schema,
+)
 from training_wizard.rollout.trajectory import StopReason
 
 
@@ -50,15 +50,6 @@ class Turn:
 
     jobs: list[Callable[[], Any]]
     answer: Callable[[list[JobResult]], Answer]
-
-
-def _result(value: Any) -> Any:
-    """An async method's or function's value (its coroutine run to the end); a plain value as it is."""
-    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
-
-
-async def _awaited(awaitable):
-    return await awaitable
 
 
 class TextProtocol:
@@ -134,7 +125,7 @@ class ToolsProtocol:
 
     def final_reward(self, environment: Any) -> float:
         scorer = getattr(environment, "get_reward", None)
-        return float(_result(scorer())) if scorer is not None else 0.0
+        return float(awaited_value(scorer())) if scorer is not None else 0.0
 
 
 def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:

@@ -155,12 +155,16 @@ def call_tool(tools: dict[str, Callable], call: ToolCall) -> tuple[str, bool]:
     except TypeError as exc:
         return error_text(f"bad arguments for {call.name}: {exc}"), True
     try:
-        result = function(**call.arguments)
-        if inspect.isawaitable(result):
-            result = asyncio.run(_awaited(result))
+        result = awaited_value(function(**call.arguments))
     except Exception as exc:  # a tool's failure is the model's information, never the run's end
         return error_text(f"{type(exc).__name__}: {exc}"), True
     return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+
+
+def awaited_value(value: Any) -> Any:
+    """An async function's value (its coroutine run to the end, on this thread's own loop); a plain value as it
+    is. Tools and get_reward may be either, as in TRL."""
+    return asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value
 
 
 async def _awaited(awaitable):
