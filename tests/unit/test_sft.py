@@ -231,3 +231,61 @@ def test_skip_nonfinite_batches_skips_the_step_with_a_nan_loss_and_counts_it(tok
     assert [m["guards/skipped_batches"] for m in read_metrics(tmp_path)] == [0, 1, 1]
     assert all(torch.equal(after_step[0][k], after_step[1][k]) for k in after_step[0])  # step 1 was skipped
     assert any(not torch.equal(after_step[1][k], after_step[2][k]) for k in after_step[1])  # step 2 was not
+
+
+CALCULATOR_SCHEMA = {"type": "function", "function": {
+    "name": "calculate", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "It."}},
+                   "required": ["expression"]}}}
+TOOL_EXCHANGE = [
+    {"role": "user", "content": "What is 51 * 29 + 504?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculate", "arguments": {"expression": "51*29+504"}}'
+                                     "\n</tool_call>"},
+    {"role": "tool", "name": "calculate", "content": "1983"},
+    {"role": "assistant", "content": "51 * 29 + 504 = 1983"},
+]
+
+
+def test_tool_calling_rows_render_their_tools_and_train_the_assistant_turns_only(tokenizer):
+    import copy
+
+    from training_wizard.rollout.chat_templates import HERMES
+
+    hermes = copy.deepcopy(tokenizer)
+    hermes.chat_template = HERMES
+    opening = hermes.apply_chat_template(TOOL_EXCHANGE[:1], tools=[CALCULATOR_SCHEMA], add_generation_prompt=True,
+                                         tokenize=False)
+    assert "Evaluate an arithmetic expression." in opening  # the tools column reached the template
+    pieces = [
+        (opening, False),
+        (TOOL_EXCHANGE[1]["content"] + "<|im_end|>\n", True),
+        ("<|im_start|>user\n<tool_response>\n1983\n</tool_response><|im_end|>\n<|im_start|>assistant\n", False),
+        ("51 * 29 + 504 = 1983<|im_end|>\n", True),
+    ]
+    expected_ids = [t for text, _ in pieces for t in ids(tokenizer, text)]
+    expected_mask = [trains for text, trains in pieces for _ in ids(tokenizer, text)]
+    config = SFTConfig(extra_roles=["tool"], max_length=None)
+    example = encode_sft_row({"messages": TOOL_EXCHANGE, "tools": [CALCULATOR_SCHEMA]}, hermes, config)
+    assert example.input_ids == expected_ids
+    assert example.loss_mask == expected_mask
+    as_string = encode_sft_row({"messages": TOOL_EXCHANGE, "tools": json.dumps([CALCULATOR_SCHEMA])}, hermes, config)
+    assert as_string.input_ids == expected_ids
+    for bad in ("[{not json", [1, 2]):
+        with pytest.raises(UserError, match="dataset row 4: 'tools'"):
+            encode_sft_row({"messages": TOOL_EXCHANGE, "tools": bad}, hermes, config, "dataset row 4")
+
+
+def test_chat_template_path_renders_the_rows_and_is_saved_with_the_model(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from training_wizard.cli import main
+    from training_wizard.rollout.chat_templates import HERMES
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"messages": TOOL_EXCHANGE, "tools": [CALCULATOR_SCHEMA]}) + "\n")
+    recipe = tmp_path / "sft.toml"
+    recipe.write_text(SFT_RECIPE.format(out=tmp_path / "out", model=tiny_model_dir, data=data).replace(
+        "max_length = 64", 'max_length = 4096\nmax_steps = 1\nextra_roles = ["tool"]\nchat_template_path = "hermes"'))
+    assert main([str(recipe)]) == 0
+    assert AutoTokenizer.from_pretrained(tmp_path / "out" / "model").chat_template == HERMES
+    assert AutoTokenizer.from_pretrained(tiny_model_dir).chat_template != HERMES

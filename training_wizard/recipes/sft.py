@@ -19,6 +19,13 @@ class SFTRecipe(SupervisedRecipe):
 
     training: SFTConfig = Field(default_factory=SFTConfig, description="SFTConfig options.")
 
+    def prepare_tokenizer(self, tokenizer, config: SFTConfig):
+        if config.chat_template_path is not None:
+            from training_wizard.rollout.chat_templates import load_chat_template
+
+            tokenizer.chat_template = load_chat_template(config.chat_template_path, "training.chat_template_path")
+        return tokenizer
+
     def encode(self, rows, tokenizer, config: SFTConfig, label: str, console: Console) -> list:
         from training_wizard.trainers.sft import encode_sft_rows, pack_examples
 

@@ -46,6 +46,10 @@ class SupervisedRecipe(Recipe):
         read, 'dataset row 3' for others."""
         return self._row_names.get(label) or (lambda index: f"{label} row {index}")
 
+    def prepare_tokenizer(self, tokenizer, config):  # noqa: ARG002 - SFT's uses config
+        """The tokenizer the rows are encoded with and model/ is saved with."""
+        return tokenizer
+
     def encode(self, rows, tokenizer, config, label: str, console: Console) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -66,7 +70,7 @@ class SupervisedRecipe(Recipe):
     def main(self, dry_run: bool = False) -> None:
         config = self.training_config()
         accelerator, console = self.open_run(config.gradient_accumulation_steps)
-        tokenizer = self.model.load_tokenizer()
+        tokenizer = self.prepare_tokenizer(self.model.load_tokenizer(), config)
         train_rows = self.encode(self.load_rows(self.dataset, "dataset"), tokenizer, config, "dataset", console)
         plan = config.supervised_plan(accelerator.num_processes, len(train_rows))
         console.print(_plan_table(plan))

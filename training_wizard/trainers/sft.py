@@ -6,11 +6,14 @@ Row formats (as TRL's SFTTrainer reads them):
   prompt/completion      {"prompt": "...", "completion": "..."}                       the completion trains
   conversational p/c     {"prompt": [messages], "completion": [assistant messages]}   the completion trains
   conversational         {"messages": [{"role": ..., "content": ...}, ...]}           the assistant turns train
+A conversational row may also carry a `tools` column, the JSON schemas of the tools its conversation may call
+(TRL's tool-calling SFT format); the chat template renders them (e.g. into the system message).
 With `completion_only_loss = false` every token trains in every format.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +55,10 @@ class RowName:
         return self.where(self.index)
 
 
-def _chat_ids(tokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+def _chat_ids(tokenizer, messages: list[dict[str, str]], generation_prompt: bool,
+              tools: list[dict] | None = None) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                            tokenize=True)
     if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
         encoded = encoded["input_ids"]
     return list(encoded)
@@ -63,7 +68,8 @@ def _text_ids(tokenizer, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def _messages_segments(tokenizer, messages: list[dict[str, str]], where: str) -> list[tuple[list[int], bool]]:
+def _messages_segments(tokenizer, messages: list[dict[str, str]], where: str,
+                       tools: list[dict] | None = None) -> list[tuple[list[int], bool]]:
     """(token ids, trains) pieces of a conversation: each assistant turn is what rendering it adds to the
     conversation before it with the generation prompt; everything else is context. Needs a template whose
     rendering of a conversation starts with the rendering of each of its prefixes (ChatML-style ones do)."""
@@ -72,15 +78,15 @@ def _messages_segments(tokenizer, messages: list[dict[str, str]], where: str) ->
     for turn, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        before = _chat_ids(tokenizer, messages[:turn], generation_prompt=True) if turn else []
-        upto = _chat_ids(tokenizer, messages[: turn + 1], generation_prompt=False)
+        before = _chat_ids(tokenizer, messages[:turn], generation_prompt=True, tools=tools) if turn else []
+        upto = _chat_ids(tokenizer, messages[: turn + 1], generation_prompt=False, tools=tools)
         if before[: len(done)] != done or upto[: len(before)] != before:
             raise UserError(f"{where}: the chat template does not render this conversation turn by turn (a prefix "
                             "renders differently), so assistant tokens cannot be found; set "
                             "training.completion_only_loss = false to train on every token")
         segments += [(before[len(done):], False), (upto[len(before):], True)]
         done = upto
-    everything = _chat_ids(tokenizer, messages, generation_prompt=False)
+    everything = _chat_ids(tokenizer, messages, generation_prompt=False, tools=tools)
     if everything[: len(done)] != done:
         raise UserError(f"{where}: the chat template renders the whole conversation differently from its turns")
     segments.append((everything[len(done):], False))
@@ -99,9 +105,10 @@ def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str)
             raise UserError(f"{where}: 'messages' must be a list of {{role, content}} messages")
         check_roles(messages, config.extra_roles, where)
         _need_template(tokenizer, where)
-        return _messages_segments(tokenizer, messages, where)
+        return _messages_segments(tokenizer, messages, where, _row_tools(row, where))
     if "prompt" in row and "completion" in row:
-        return _prompt_completion_segments(row["prompt"], row["completion"], tokenizer, config, where)
+        return _prompt_completion_segments(row["prompt"], row["completion"], tokenizer, config, where,
+                                           _row_tools(row, where))
     if "text" in row and isinstance(row["text"], str):
         return [(with_eos(_text_ids(tokenizer, row["text"], special=True), tokenizer, config), True)]
     if "prompt" in row or "completion" in row:
@@ -111,8 +118,8 @@ def _row_segments(row: dict[str, Any], tokenizer, config: SFTConfig, where: str)
                     f"(found: {', '.join(row) or 'none'})")
 
 
-def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config: SFTConfig,
-                                where: str) -> list[tuple[list[int], bool]]:
+def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config: SFTConfig, where: str,
+                                tools: list[dict] | None = None) -> list[tuple[list[int], bool]]:
     """A prompt/completion row (both strings, or both conversations) as (token ids, trains) pieces."""
     if isinstance(prompt, str) and isinstance(completion, str):
         ids = with_eos(_text_ids(tokenizer, completion, special=False), tokenizer, config)
@@ -121,8 +128,8 @@ def _prompt_completion_segments(prompt: Any, completion: Any, tokenizer, config:
         check_roles(prompt, config.extra_roles, where, "prompt")
         check_roles(completion, config.extra_roles, where, "completion")
         _need_template(tokenizer, where)
-        before = _chat_ids(tokenizer, prompt, generation_prompt=True)
-        whole = _chat_ids(tokenizer, prompt + completion, generation_prompt=False)
+        before = _chat_ids(tokenizer, prompt, generation_prompt=True, tools=tools)
+        whole = _chat_ids(tokenizer, prompt + completion, generation_prompt=False, tools=tools)
         if whole[: len(before)] != before:
             raise UserError(f"{where}: the chat template renders prompt + completion so that the prompt is not a "
                             "prefix of it; the completion tokens cannot be found")
@@ -137,6 +144,20 @@ def with_eos(ids: list[int], tokenizer, config: SFTConfig) -> list[int]:
     if config.add_eos_token and eos is not None and (not ids or ids[-1] != eos):
         return [*ids, eos]
     return ids
+
+
+def _row_tools(row: dict[str, Any], where: str) -> list[dict] | None:
+    """The row's `tools` column: a list of JSON schemas, or that list as a JSON string (as some datasets keep it)."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise UserError(f"{where}: 'tools' is a string but not JSON ({error.msg}); expected a list of JSON "
+                            "schemas") from None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
+        raise UserError(f"{where}: 'tools' must be a list of JSON schemas (objects), or that list as a JSON string")
+    return tools or None
 
 
 def _is_conversation(value: Any) -> bool:

@@ -66,6 +66,11 @@ class SFTConfig(SupervisedConfig):
         True, description="End each plain-text row (a `text` row, or a string completion) with the EOS token if it "
         "lacks one, as TRL's SFTTrainer does; conversational rows end as their chat template ends them."
     )
+    chat_template_path: str | None = Field(
+        None, description="The chat template conversational rows are rendered with, instead of the tokenizer's (TRL's "
+        "name): a template name (\"hermes\": ChatML with Hermes tool calls), a Jinja file, or the template text. It "
+        "is saved with model/, so a later recipe renders prompts the same way (e.g. an episode recipe's tools)."
+    )
 
 
 class RewardConfig(SupervisedConfig):
