@@ -104,14 +104,15 @@ def questions(*cases):
     return [{"prompt": [{"role": "user", "content": f"Case {case}."}]} for case in cases]
 
 
-def make(tokenizer, tmp_path, cases, reward=None, settings=None, tools_only=False, **options):
+def make(tokenizer, tmp_path, cases, reward=None, settings=None, tools_only=False, factory=None, policy=None,
+         **options):
     tokenizer = copy.deepcopy(tokenizer)  # a trainer given a chat_template sets it on its tokenizer
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = GRPOConfig(**{**dict(output_dir=str(tmp_path), per_device_train_batch_size=len(cases) * 2,
                                   num_generations=2, total_episodes=len(cases) * 2, response_length=320,
                                   num_sample_generations=0, seed=3, stop_token_ids=[end]), **options})
-    environment = {"tools": [multiply]} if tools_only else {"environment_factory": Calculator}
-    return GRPOTrainer(config=config, tokenizer=tokenizer, policy=build_causal_lm(tokenizer, seed=1),
+    environment = {"tools": [multiply]} if tools_only else {"environment_factory": factory or Calculator}
+    return GRPOTrainer(config=config, tokenizer=tokenizer, policy=policy or build_causal_lm(tokenizer, seed=1),
                        reward_model=reward, train_dataset=questions(*cases),
                        generation_backend=scripted_replies(tokenizer),
                        episode_settings=settings or EpisodeSettings(chat_template="hermes"), **environment)
@@ -202,6 +203,35 @@ def test_plain_function_tools_need_no_environment(tokenizer, tmp_path):
     assert batch.components == {} or "Calculator" not in batch.components
 
 
+class Multiplier:
+    """An environment with a tool and no get_reward."""
+
+    def reset(self, **row) -> None:
+        return None
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        return a * b
+
+
+def test_an_environment_without_get_reward_adds_no_reward_component(tokenizer, tmp_path):
+    # as TRL: only get_reward makes a component; before, a constant 0 was logged as rewards/Multiplier
+    trainer = make(tokenizer, tmp_path, ["good"], reward=lambda prompts, completions, **kw: [1.0] * len(completions),
+                   factory=Multiplier)
+    batch = trainer.collect_rollout()
+    assert "<tool_response>\n42\n</tool_response>" in tool_part(trainer.tokenizer, batch, 0)
+    assert "Multiplier" not in batch.components and batch.scores.tolist() == [1.0, 1.0]
+    with pytest.raises(UserError, match="reward: none is given and the environment has no get_reward method"):
+        make(tokenizer, tmp_path, ["good"], factory=Multiplier)
+    with pytest.raises(UserError, match="reward: none is given"):
+        make(tokenizer, tmp_path, ["good"], tools_only=True)
+
+
 def episode_shape(prompts, completions, environments, **columns):
     """A TRL-form reward function paying 1 when it is given the episode as TRL gives it: the conversation after
     the prompt as messages, the tool's result among them, and the episode's environment."""
@@ -280,3 +310,66 @@ def test_a_recipe_with_tools_and_no_reward_table_trains_on_the_environments_rewa
     first = read_metrics(tmp_path / "out")[0]
     assert first["rewards/Calculator"] == 0.0 and first["tools/call_frequency"] == 0.0
     assert first["episodes/stopped_by_stop_token"] + first["episodes/stopped_by_length"] == pytest.approx(1.0)
+
+
+def test_sigterm_while_a_tool_hangs_stops_the_run_at_once_and_keeps_the_iterations_start(tokenizer, tmp_path):
+    # Before, the run waited out environment_timeout for the tool (here 120 s), then played the episode on.
+    import os
+    import signal
+    import threading
+
+    from training_wizard.checkpoint import find_checkpoint, read_manifest
+    from training_wizard.signals import TrainingInterrupted
+
+    release = threading.Event()
+
+    class Stalls(Calculator):
+        def stall(self, x: int) -> int:
+            """Wait until the test ends.
+
+            Args:
+                x: Anything.
+            """
+            release.wait(300)
+            return x
+
+    SCRIPTS["stalls"] = [call("stall", x=1), "I could not."]
+    trainer = make(tokenizer, tmp_path, ["stalls"], factory=Stalls, environment_timeout=120)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.perf_counter()
+    timer.start()
+    try:
+        with pytest.raises(TrainingInterrupted) as stopped:
+            trainer.train()
+    finally:
+        release.set()
+        timer.cancel()
+        del SCRIPTS["stalls"]
+    assert time.perf_counter() - started < 60 and stopped.value.exit_code == 143
+    assert read_manifest(find_checkpoint(tmp_path, "latest"))["step"] == 0  # the iteration's start, nothing trained
+    assert not (tmp_path / "metrics.jsonl").exists() or (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_lora_episodes_train_the_adapter_only_with_the_disabled_adapter_as_reference(tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from training_wizard.tracking.metrics import read_metrics
+
+    policy = get_peft_model(build_causal_lm(copy.deepcopy(tokenizer), seed=1),
+                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    before = {name: value.detach().clone() for name, value in policy.named_parameters()}
+    spread = torch.Generator().manual_seed(0)  # rewards that differ inside each group, so advantages are not zero
+
+    def noisy(prompts, completions, **columns):
+        return torch.rand(len(completions), generator=spread).tolist()
+
+    trainer = make(tokenizer, tmp_path, ["good", "answers"], reward=noisy, policy=policy, beta=0.1,
+                   logprobs_from_sampling=False,  # the scripted replies carry no real sampling logprobs
+                   learning_rate=1e-2, total_episodes=16)
+    assert trainer.ref_policy is None and trainer.uses_adapter_as_reference
+    trainer.train()
+    moved = {name for name, value in policy.named_parameters() if not torch.equal(value, before[name])}
+    assert moved and all("lora_" in name for name in moved)  # the base weights are the reference: untouched
+    metrics = read_metrics(tmp_path)
+    assert metrics[0]["objective/kl"] == 0.0 and metrics[-1]["objective/kl"] > 0.0
+    assert all(m["tools/call_frequency"] == 0.5 for m in metrics)  # "good" calls once, "answers" never

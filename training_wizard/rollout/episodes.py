@@ -35,6 +35,7 @@ from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts, left_pad, row_seed
 from training_wizard.rollout.tools import reply_parser
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
+from training_wizard.signals import stop_requested
 
 # Tool calls and environment steps of one turn run in this many threads at most.
 MAX_CONCURRENT_STEPS = 16
@@ -94,12 +95,19 @@ class Episode:
 STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift")
 
 
-def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None) -> EpisodeSettings | None:
+def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None,
+                     has_reward: bool = True) -> EpisodeSettings | None:
     """How a trainer given an environment or tools plays its episodes (the given settings with the tools added),
-    its training chat template set on the tokenizer before any prompt is rendered; None: single replies."""
+    its training chat template set on the tokenizer before any prompt is rendered; None: single replies.
+    Without a reward of its own (`has_reward`) the run needs an environment that gives one."""
     if environment_factory is None and not tools:
         return None
     settings = settings or EpisodeSettings()
+    factories = list(environment_factory.values()) if isinstance(environment_factory, dict) else (
+        [environment_factory] if environment_factory is not None else [])
+    if not has_reward and not (settings.protocol == "text" or any(gives_reward(f) for f in factories)):
+        raise UserError("reward: none is given and the environment has no get_reward method, so no episode would "
+                        "be scored; add a [reward] table (reward_model=) or a get_reward method")
     if settings.chat_template is not None:
         tokenizer.chat_template = load_chat_template(settings.chat_template)
     return dataclasses.replace(settings, tools=tuple(settings.tools) + tuple(tools or ()))
@@ -113,6 +121,12 @@ def turn_seed(row_seed_value: int, turn: int) -> int:
 
 def factory_name(factory: Callable) -> str:
     return getattr(factory, "__name__", type(factory).__name__)
+
+
+def gives_reward(factory: Callable) -> bool:
+    """Whether a tools environment's episodes have a reward of their own (TRL's rule: a `get_reward` method).
+    A factory that is a function may make anything: its component is kept, 0 where an environment has none."""
+    return not isinstance(factory, type) or callable(getattr(factory, "get_reward", None))
 
 
 class EpisodePlayer:
@@ -135,7 +149,8 @@ class EpisodePlayer:
                          if settings.protocol == "tools" else TextProtocol(limits.max_turns))
         self.turns = TurnRenderer(tokenizer, with_tools=settings.protocol == "tools")
         self.parse = reply_parser(tokenizer, settings.tool_parser)
-        self.names = sorted({factory_name(factory) for factory in self.factories.values()})
+        self.names = sorted({factory_name(factory) for factory in self.factories.values()
+                             if settings.protocol == "text" or gives_reward(factory)})
         self.warned_drift = False
 
     def play(self, model, prompts: EncodedPrompts, rows: list[int], seeds: list[int], device) -> list[Episode]:
@@ -143,6 +158,12 @@ class EpisodePlayer:
         episodes = [self._reset(prompts, row) for row in rows]
         turn = 0
         while any(episode.stop is None for episode in episodes):
+            if stop_requested():
+                # SIGTERM/SIGINT: the trainer stops before this rollout's update and saves the iteration's start,
+                # so these episodes are never trained on; end them now rather than after every turn and tool
+                for episode in episodes:
+                    episode.stop = StopReason.LENGTH if episode.stop is None else episode.stop
+                break
             self._turn(model, seeds, episodes, turn, device)
             turn += 1
         return episodes
@@ -247,7 +268,7 @@ class EpisodePlayer:
         futures = [pool.submit(timed, index, job) for index, (_, job) in enumerate(flat)]
         late: set[int] = set()
         pending = set(futures)
-        while pending:
+        while pending and not stop_requested():  # a stop signal: the rollout is dropped (see play), wait no more
             _, pending = concurrent.futures.wait(pending, timeout=min(0.05, timeout))
             now = time.monotonic()
             for index, future in enumerate(futures):
@@ -257,7 +278,7 @@ class EpisodePlayer:
         pool.shutdown(wait=False, cancel_futures=True)
         for index, (i, _) in enumerate(flat):
             future = futures[index]
-            if index in late:
+            if index in late or not future.done() or future.cancelled():  # (the last two: a stop signal)
                 results[i].append(JobResult(error=f"no answer within environment_timeout ({timeout:g} s)"))
             elif future.exception() is not None:
                 error = future.exception()

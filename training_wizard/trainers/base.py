@@ -98,7 +98,7 @@ class OnPolicyTrainer(UpdateLoop):
         arguments: the rollout becomes episodes (rollout/episodes.py) played as `episode_settings` say; then
         reward_model may be None (the environment's reward is the reward)."""
         self.tokenizer = tokenizer
-        episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings)
+        episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings, reward_model is not None)
         self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
         self.config = config = config.for_processes(self.accelerator.num_processes)
