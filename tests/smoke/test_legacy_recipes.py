@@ -2,6 +2,7 @@
 and train here, and `training-wizard migrate` converts them to a recipe that resolves to the same config."""
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -443,8 +444,16 @@ def test_old_grpo_recipe_dry_runs_and_trains_with_tiny_models(tmp_path, tiny_mod
     assert all(targets[p] == t for _, prompts, got in module.CALLS for p, t in zip(prompts, got))  # the row's own
 
 
+def test_old_grpo_max_steps_becomes_training_max_steps(tmp_path):
+    # TRL's optimizer steps, which training.max_steps now reads with TRL's meaning (it was refused before)
+    path = tmp_path / "old_grpo.toml"
+    path.write_text(OLD_GRPO_RECIPE.read_text() + "max_steps = 10\n")  # the file ends inside [training_args_spec]
+    new = tmp_path / "new.toml"
+    assert main(["migrate", str(path), "-o", str(new)]) == 0
+    assert tomllib.loads(new.read_text())["training"]["max_steps"] == 10
+
+
 @pytest.mark.parametrize("extra, key", [("sync_ref_model = true", "training_args_spec.sync_ref_model"),
-                                        ("max_steps = 10", "training_args_spec.max_steps"),
                                         ("reward_weights = [1.0, 2.0]", "training_args_spec.reward_weights")])
 def test_old_grpo_keys_without_an_equivalent_stop_with_one_line(tmp_path, capsys, extra, key):
     path = tmp_path / "old_grpo.toml"

@@ -8,7 +8,8 @@ All counts are of *completions* unless named otherwise:
     micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
     local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
     prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
-    iterations         = ceil(total_episodes / batch_size)
+    iterations         = ceil(total_episodes / batch_size), or with max_steps (optimizer steps, TRL's):
+                         ceil(max_steps / (num_ppo_epochs * num_mini_batches)), total_episodes = iterations * batch_size
 
 TRL 1.x's steps_per_generation and generation_batch_size are other spellings of num_mini_batches; they are
 resolved into it here too.
@@ -33,6 +34,8 @@ class BatchSettings(Protocol):
     generation_batch_size: int | None
     total_episodes: int | None
     num_train_epochs: float
+    max_steps: int | None
+    num_ppo_epochs: int
     group_key: str
 
     @property
@@ -98,6 +101,11 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
         )
     batch = local * world_size
     total = config.total_episodes
+    if config.max_steps is not None:
+        if total is not None:
+            raise UserError("training: set max_steps (optimizer steps) or total_episodes (completions), not both")
+        steps_per_iteration = config.num_ppo_epochs * config.num_mini_batches
+        total = math.ceil(config.max_steps / steps_per_iteration) * batch
     if total is None:
         if dataset_rows is None:
             raise UserError("training: total_episodes is required when the dataset size is unknown")

@@ -63,6 +63,8 @@ class OnPolicyConfig(RunConfig):
         "Default: num_train_epochs x dataset rows."
     )
     num_train_epochs: PositiveFloat = Field(1.0, description="Used only when total_episodes is not set.")
+    max_steps: PositiveInt | None = Field(None, description="Optimizer steps in all (TRL's max_steps): the run ends "
+                                          "at the iteration that reaches them; set it or total_episodes, not both.")
     local_rollout_forward_batch_size: PositiveInt = Field(
         64, description="Rows per sampling chunk and per no-grad forward pass (logprobs of policy and reference, "
         "reward model)."

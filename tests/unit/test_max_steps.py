@@ -1,0 +1,42 @@
+"""max_steps (TRL's count of optimizer steps) for the on-policy trainers: the run ends at the iteration that
+reaches it, and the plan's episodes are that many iterations' worth."""
+
+import pytest
+
+from tests.helpers import make_grpo_trainer, make_ppo_trainer, make_rloo_trainer
+from training_wizard.errors import UserError
+from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
+
+
+def count_steps(trainer) -> list[int]:
+    steps = []
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # under accelerate's wrapper
+    optimizer.register_step_pre_hook(lambda *_: steps.append(1))
+    return steps
+
+
+@pytest.mark.parametrize("make, options, steps_per_iteration", [
+    (make_rloo_trainer, dict(num_ppo_epochs=2, num_mini_batches=2, per_device_train_batch_size=4), 4),
+    (make_ppo_trainer, dict(num_ppo_epochs=1, num_mini_batches=2, per_device_train_batch_size=4), 2),
+    (make_grpo_trainer, dict(num_ppo_epochs=1, steps_per_generation=2, per_device_train_batch_size=4), 2),
+], ids=["rloo", "ppo", "grpo"])
+def test_max_steps_runs_exactly_that_many_optimizer_steps(make, options, steps_per_iteration, tokenizer, tmp_path):
+    trainer = make(tokenizer, tmp_path, max_steps=3 * steps_per_iteration, total_episodes=None, **options)
+    assert trainer.plan.num_iterations == 3
+    assert trainer.plan.total_episodes == 3 * trainer.plan.batch_size
+    steps = count_steps(trainer)
+    trainer.train()
+    assert len(steps) == 3 * steps_per_iteration
+
+
+def test_max_steps_rounds_up_to_whole_iterations_and_refuses_total_episodes():
+    config = RLOOConfig(output_dir="x", max_steps=5, num_ppo_epochs=2, num_mini_batches=1,
+                        per_device_train_batch_size=4, rloo_k=2)
+    plan = config.batch_plan(1, 100)
+    assert plan.num_iterations == 3 and plan.total_episodes == 12  # ceil(5 / 2) iterations of 4 completions
+    assert PPOConfig(output_dir="x", max_steps=8, num_ppo_epochs=4).batch_plan(1, 100).num_iterations == 2
+    grpo = GRPOConfig(output_dir="x", max_steps=6, num_iterations=2, steps_per_generation=3, num_generations=2,
+                      per_device_train_batch_size=2)
+    assert grpo.batch_plan(1, 100).num_iterations == 1  # TRL's names: 2 passes x 3 steps per generation
+    with pytest.raises(UserError, match="set max_steps .* or total_episodes .*, not both"):
+        RLOOConfig(output_dir="x", max_steps=5, total_episodes=64).batch_plan(1, 100)
