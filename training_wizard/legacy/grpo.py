@@ -53,10 +53,8 @@ def translate_grpo(data: dict[str, Any], path: Path | str, out: Translation) -> 
     out.recipe["dataset"] = translate_dataset(data["dataset_spec"], "dataset_spec", "dataset", out)
     training_args = dict(data.get("training_args_spec", {}))
     weights = training_args.pop("reward_weights", None)
-    max_steps = training_args.pop("max_steps", -1)
-    translate_training(training_args, out, _grpo_same(), _GRPO_IGNORED)
-    if max_steps not in (None, -1):  # TRL's optimizer steps, which training.max_steps reads with TRL's meaning
-        out.recipe["training"]["max_steps"] = max_steps
+    # max_steps: TRL's optimizer steps, which training.max_steps reads with TRL's meaning
+    translate_training(training_args, out, _grpo_same(), _GRPO_IGNORED, reads_max_steps=True)
     out.recipe["reward"] = _grpo_rewards(data["reward_specs"], weights, path, out)
     sample_rate = data.get("sample_rate", 100)
     if "sample_rate" in data and sample_rate == 0:

@@ -210,7 +210,8 @@ _ADAMW = ("adamw_torch", "adamw_hf", "adamw_torch_fused", "adamw")
 def translate_training(table: dict[str, Any], out: Translation, same: set[str] = _SAME,
                        ignored: dict[str, str] = IGNORED_TRAINING_ARGS, reads_max_steps: bool = False) -> None:
     """`training_args_spec` into `[training]`: `same` keys keep their names, `ignored` ones are dropped with their
-    reason; `reads_max_steps` for a recipe whose training is counted in optimizer steps (the supervised ones)."""
+    reason; `reads_max_steps` for a recipe whose training is counted in optimizer steps (the supervised ones, and
+    GRPO, whose 1.0 recipe was TRL's)."""
     training = out.recipe.setdefault("training", {})
     for key, value in table.items():
         where = f"training_args_spec.{key}"
