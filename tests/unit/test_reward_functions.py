@@ -111,6 +111,14 @@ def test_reward_funcs_without_spec_class_is_this_spec():
         reward()
 
 
+def test_a_reward_table_with_pretrained_name_alone_is_a_reward_model():
+    # as TRL's reward_model_path names one; before, `pretrained_name` without spec_class was an unknown key
+    from training_wizard.specs.reward import ModelRewardSpec
+
+    spec = reward(pretrained_name="runs/rm/model", batch_size=4)
+    assert type(spec) is ModelRewardSpec and spec.pretrained_name == "runs/rm/model" and spec.batch_size == 4
+
+
 @pytest.mark.parametrize("keys, expected", [
     ({"reward_funcs": [f"{MODULE}:recorder", f"{MODULE}:nope"]}, "reward_funcs[1]: 'tw_trl_rewards:nope' could not"),
     ({"reward_funcs": ["no_colon"]}, "reward_funcs[0]: 'no_colon' is not of the form"),

@@ -50,9 +50,12 @@ class RewardSpec(Spec):
 
     @classmethod
     def default_spec_class_for(cls, data: dict[str, Any]) -> str | None:
-        """A `[reward]` table with `reward_funcs` and no `spec_class` is a RewardFunctionsSpec (TRL's keys)."""
+        """A `[reward]` table without `spec_class` is a RewardFunctionsSpec when it has `reward_funcs` (TRL's keys),
+        and a reward model (ModelRewardSpec) when it has `pretrained_name` (as TRL's reward_model_path names one)."""
         if cls is RewardSpec and "reward_funcs" in data:
             return "training_wizard.specs.reward_functions.RewardFunctionsSpec"
+        if cls is RewardSpec and "pretrained_name" in data:
+            return "training_wizard.specs.reward.ModelRewardSpec"
         return super().default_spec_class_for(data)
 
     @model_validator(mode="after")
