@@ -36,6 +36,7 @@ def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.recipes.reward_model import RewardModelRecipe
     from training_wizard.recipes.rloo import RLOORecipe
     from training_wizard.recipes.sft import SFTRecipe
+    from training_wizard.envs import reasoning_gym
     from training_wizard.specs import (
         dataset, environment, model, remote_reward, reward, reward_functions, text_metrics, verifiable,
     )
@@ -63,13 +64,14 @@ def _sections() -> list[tuple[str, str, list[type]]]:
          "1.0's sequence classification recipes become) runs on the same loop.",
          [SFTRecipe, SFTConfig, RewardModelRecipe, RewardConfig, SequenceClassificationRecipe,
           SequenceClassificationConfig]),
-        ("[dataset], [eval_dataset]", "", subclasses(dataset, dataset.DataSourceSpec)),
+        ("[dataset], [eval_dataset]", "`ReasoningGymDataSpec` needs the `envs` extra (docs/environments.md).",
+         [*subclasses(dataset, dataset.DataSourceSpec), reasoning_gym.ReasoningGymDataSpec]),
         ("[environment]", "Episodes of several turns (docs/environments.md); their limits are the `[training]` "
          "keys `max_turns` and `environment_timeout`.", [environment.EnvironmentSpec]),
         ("[reward]", "A `[reward]` table with `reward_funcs` and no `spec_class` is a `RewardFunctionsSpec` (TRL's "
          "form).", [*subclasses(reward, reward.RewardSpec), *subclasses(reward_functions, reward.RewardSpec),
                    *subclasses(verifiable, reward.RewardSpec), *subclasses(remote_reward, reward.RewardSpec),
-                   *subclasses(text_metrics, reward.RewardSpec)]),
+                   *subclasses(text_metrics, reward.RewardSpec), reasoning_gym.ReasoningGymRewardSpec]),
     ]
 
 

@@ -8,6 +8,8 @@ PYTHON=${PYTHON:-python3}
 # torch first and alone, so nothing later resolves a different (CUDA) build.
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r requirements.txt
+# reasoning-gym and OpenEnv (training_wizard/envs/): optional for users, installed and tested here.
+.venv/bin/python -m pip install -q -r requirements-envs.txt
 .venv/bin/python -m pip install -q --no-build-isolation -r requirements-deepspeed.txt
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
 .venv/bin/python -m pip install -q --no-deps -e .

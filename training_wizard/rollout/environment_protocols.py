@@ -23,12 +23,20 @@ from training_wizard.rollout.tools import (
 from training_wizard.rollout.trajectory import StopReason
 
 
+class EnvironmentFailure(Exception):
+    """What an environment raises from reset or step when its episode cannot go on: the server it talks to died,
+    answered garbage or ran past the environment's own timeout. The episode ends there (text protocol), counted in
+    `episodes/environment_errors_mean`; the run goes on. Any other exception is a message to the model instead."""
+
+
 @dataclass(frozen=True)
 class JobResult:
-    """A job's return value, or the error that replaced it (an exception or a timeout)."""
+    """A job's return value, or the error that replaced it (an exception or a timeout); `ends_episode`: the error
+    was an EnvironmentFailure."""
 
     value: Any = None
     error: str | None = None
+    ends_episode: bool = False
 
 
 @dataclass
@@ -66,6 +74,8 @@ class TextProtocol:
     def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse) -> Turn | Answer:
         def answer(results: list[JobResult]) -> Answer:
             found = results[0]
+            if found.ends_episode:  # the environment cannot go on: the episode ends, its rewards so far kept
+                return Answer([self._message(error_text(found.error))], stop=StopReason.ENVIRONMENT_DONE, errors=1)
             if found.error is not None:  # the step raised or timed out: the model reads why, the episode goes on
                 return self._limit(Answer([self._message(error_text(found.error))], errors=1), replies)
             observation, reward, done = found.value

@@ -30,7 +30,9 @@ from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.collector import (
     EpisodeScoring, RolloutCollector, RolloutRequest, Sampled, SamplingSettings,
 )
-from training_wizard.rollout.environment_protocols import Answer, JobResult, TextProtocol, ToolsProtocol, Turn
+from training_wizard.rollout.environment_protocols import (
+    Answer, EnvironmentFailure, JobResult, TextProtocol, ToolsProtocol, Turn,
+)
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts, left_pad, row_seed
 from training_wizard.rollout.tools import reply_parser
@@ -126,6 +128,7 @@ def factory_name(factory: Callable) -> str:
 def gives_reward(factory: Callable) -> bool:
     """Whether a tools environment's episodes have a reward of their own (TRL's rule: a `get_reward` method).
     A factory that is a function may make anything: its component is kept, 0 where an environment has none."""
+    factory = getattr(factory, "__wrapped__", factory)  # a factory bound to keyword arguments (factory_kwargs)
     return not isinstance(factory, type) or callable(getattr(factory, "get_reward", None))
 
 
@@ -173,7 +176,12 @@ class EpisodePlayer:
         columns = {name: values[row] for name, values in prompts.columns.items()}
         prompt = prompts.prompts[row] if prompts.prompts else None
         name, environment = self._factory(columns, row)
-        opening = environment.reset(**{"prompt": prompt, **columns}) if hasattr(environment, "reset") else None
+        opening, failed = None, False
+        try:
+            opening = environment.reset(**{"prompt": prompt, **columns}) if hasattr(environment, "reset") else None
+        except EnvironmentFailure as failure:  # the model still replies once; the environment's step ends it
+            print(f"warning: dataset row {row}: the environment could not reset: {failure}", flush=True)
+            failed = True
         tools, schemas = self.protocol.tools_of(environment)
         if isinstance(prompt, str) and self.settings.protocol == "tools":
             prompt = [{"role": "user", "content": prompt}]  # tools need the chat template
@@ -183,9 +191,12 @@ class EpisodePlayer:
             else:
                 prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + "\n\n" + opening}]
         if isinstance(prompt, list):
-            return Episode(environment, tools, schemas, self.turns.prompt_ids(prompt, schemas), prompt, name)
-        ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
-        return Episode(environment, tools, schemas, ids, None, name)
+            episode = Episode(environment, tools, schemas, self.turns.prompt_ids(prompt, schemas), prompt, name)
+        else:
+            ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
+            episode = Episode(environment, tools, schemas, ids, None, name)
+        episode.counts["errors"] += failed
+        return episode
 
     def _factory(self, columns: dict[str, Any], row: int) -> tuple[str, Any]:
         """(the factory's name, a fresh environment) for a row: the only factory, or the one its `environment`
@@ -282,7 +293,8 @@ class EpisodePlayer:
                 results[i].append(JobResult(error=f"no answer within environment_timeout ({timeout:g} s)"))
             elif future.exception() is not None:
                 error = future.exception()
-                results[i].append(JobResult(error=f"{type(error).__name__}: {error}"))
+                results[i].append(JobResult(error=f"{type(error).__name__}: {error}",
+                                            ends_episode=isinstance(error, EnvironmentFailure)))
             else:
                 results[i].append(JobResult(future.result()))
         return results

@@ -14,6 +14,7 @@ Its limits are `[training]` keys: `max_tool_calling_iterations`, `max_turns` (te
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -29,6 +30,9 @@ class EnvironmentSpec(Spec):
         None, description="Import path of the environment class (or a function returning one), "
         "'package.module:Name', made fresh for every episode; or a table of them by name, each row choosing one "
         "by its `environment` column.")
+    factory_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments the factory is called with for every episode (one "
+        "factory only), e.g. an OpenEnv server's url or a reasoning-gym retry environment's max_attempts.")
     tools: list[str] = Field(
         default_factory=list, description="Import paths of plain functions the model may call (typed arguments, "
         "a docstring with 'Args:'), beside the environment's own public methods.")
@@ -62,12 +66,19 @@ class EnvironmentSpec(Spec):
         if self.factory is None and (self.protocol == "text" or not self.tools):
             raise ValueError("name an environment factory" + (" (the text protocol steps one)" if self.protocol
                                                                == "text" else ", tools, or both"))
+        if self.factory_kwargs and not isinstance(self.factory, str):
+            raise ValueError("factory_kwargs: expected one factory (factory = 'package.module:Name') to call with "
+                             "them")
         return self
 
     def load(self) -> Callable[[], Any] | dict[str, Callable[[], Any]] | None:
         """The trainer's `environment_factory`."""
         def load_one(path: str) -> Callable[[], Any]:
-            return resolve_function(path, raising=ValueError, key="environment.factory: ")
+            factory = resolve_function(path, raising=ValueError, key="environment.factory: ")
+            if not self.factory_kwargs:
+                return factory
+            # keeps the factory's name (the reward component's) and, as __wrapped__, the factory itself
+            return functools.update_wrapper(functools.partial(factory, **self.factory_kwargs), factory)
         if isinstance(self.factory, dict):
             return {name: load_one(path) for name, path in self.factory.items()}
         return load_one(self.factory) if self.factory is not None else None

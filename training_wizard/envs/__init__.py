@@ -1,0 +1,1 @@
+"""Adapters for environment libraries (reasoning-gym, OpenEnv)."""
