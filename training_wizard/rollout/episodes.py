@@ -86,6 +86,7 @@ class Episode:
     transcript: list[str] = field(default_factory=list)
     reward: float = 0.0
     stop: StopReason | None = None
+    failed: bool = False  # the environment could not reset: the first reply ends the episode, stepped by nothing
     counts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAT_NAMES, 0.0))
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
@@ -179,7 +180,7 @@ class EpisodePlayer:
         opening, failed = None, False
         try:
             opening = environment.reset(**{"prompt": prompt, **columns}) if hasattr(environment, "reset") else None
-        except EnvironmentFailure as failure:  # the model still replies once; the environment's step ends it
+        except EnvironmentFailure as failure:  # the model still replies once (an episode has a reply), then it ends
             print(f"warning: dataset row {row}: the environment could not reset: {failure}", flush=True)
             failed = True
         tools, schemas = self.protocol.tools_of(environment)
@@ -195,7 +196,7 @@ class EpisodePlayer:
         else:
             ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
             episode = Episode(environment, tools, schemas, ids, None, name)
-        episode.counts["errors"] += failed
+        episode.failed = failed
         return episode
 
     def _factory(self, columns: dict[str, Any], row: int) -> tuple[str, Any]:
@@ -236,7 +237,8 @@ class EpisodePlayer:
             if not ended:
                 episode.stop = StopReason.LENGTH
                 continue
-            step = self.protocol.turn(episode.environment, episode.tools, text, len(episode.replies), self.parse)
+            step = Answer(stop=StopReason.ENVIRONMENT_DONE, errors=1) if episode.failed else self.protocol.turn(
+                episode.environment, episode.tools, text, len(episode.replies), self.parse)
             pending[i] = (step, ids[-1] if ids else None)
         results = self._run_jobs({i: step.jobs for i, (step, _) in pending.items() if isinstance(step, Turn)})
         for i, (step, reply_end) in pending.items():
