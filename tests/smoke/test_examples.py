@@ -17,10 +17,23 @@ EXAMPLE_RECIPES = sorted(ROOT.glob("examples/**/config.toml"))
 def test_there_are_example_recipes():
     # the dry-run test below is parametrized by this list: an empty or partial one would test nothing, silently
     assert [str(p.relative_to(ROOT)) for p in EXAMPLE_RECIPES] == [
-        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/rloo/config.toml",
-        "examples/tools/config.toml"]
-    # each example trains the algorithm its folder names (the tools example: GRPO on episodes)
-    assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == ["grpo", "ppo", "rloo", "grpo"]
+        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/reasoning_gym/config.toml",
+        "examples/rloo/config.toml", "examples/tools/config.toml"]
+    # each example trains the algorithm its folder names (the tools and reasoning-gym examples: GRPO)
+    assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == [
+        "grpo", "ppo", "grpo", "rloo", "grpo"]
+
+
+def test_reasoning_gym_example_evaluates_the_held_out_part_of_its_training_set():
+    """evaluate.toml's prompts are config.toml's dataset with part = "held_out", and its `right` metric is the
+    training reward: the held-out score is of questions training never saw, scored as training scored."""
+    folder = ROOT / "examples" / "reasoning_gym"
+    training = tomllib.loads((folder / "config.toml").read_text())
+    evaluation = tomllib.loads((folder / "evaluate.toml").read_text())
+    assert evaluation["prompts"] == {**training["dataset"], "part": "held_out"}
+    assert evaluation["metrics"]["right"] == training["reward"]
+    assert evaluation["candidate"]["pretrained_name"] == training["output_dir"] + "/model"
+    assert evaluation["baseline"]["pretrained_name"] == training["model"]["pretrained_name"]
 
 
 @pytest.mark.parametrize("recipe", EXAMPLE_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))

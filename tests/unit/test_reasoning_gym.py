@@ -67,6 +67,10 @@ def test_the_reward_is_the_task_s_own_score_of_the_extracted_answer():
     ours = ReasoningGymRewardSpec().compute_reward([""] * 4, replies, reasoning_gym=keys)
     assert ours == expected
     assert (ours[0], ours[2]) == (1.0, 0.0)  # right; no tag is no answer, even with the right number in the text
+    # fallback "last_number": a reply without the tag is scored on its last number; the tag still wins
+    lenient = ReasoningGymRewardSpec(fallback="last_number").compute_reward(
+        [""] * 3, [f"There are {right} legs.", f"<answer>1</answer> or {right}", "none"], reasoning_gym=keys[:3])
+    assert lenient == [1.0, 0.0, 0.0]
     messages = [[{"role": "assistant", "content": reply}] for reply in replies]
     assert reasoning_gym_reward(messages, reasoning_gym=keys) == expected  # the TRL-form function
 
@@ -76,7 +80,7 @@ def test_the_retry_environment_gives_the_verdict_and_stops_at_its_limit():
     environment = RetryWithFeedback(max_attempts=3, discount=0.5)
     assert environment.reset(**row) is None
     observation, reward, done = environment.step("I think it is many.")
-    assert "No <answer>...</answer>" in observation and (reward, done) == (0.0, False)
+    assert "No answer was found in your reply (expected <answer>...</answer>)" in observation and (reward, done) == (0.0, False)
     observation, reward, done = environment.step("<answer>1</answer>")
     assert "Your answer '1' scored 0.00 of 1" in observation and (reward, done) == (0.0, False)
     assert environment.step("<answer>2</answer>") == (None, 0.0, True)  # the third attempt is the last

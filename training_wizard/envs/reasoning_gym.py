@@ -27,14 +27,14 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.reward import RewardSpec
-from training_wizard.specs.verifiable import completion_text
+from training_wizard.specs.verifiable import completion_text, last_number_text
 
 # Distinct questions are searched for among at most this many items per question wanted: a task whose space of
 # questions is smaller than `size` is refused rather than searched forever.
@@ -72,16 +72,21 @@ def item_of(key: str | dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return generator, generator[found["index"]]
 
 
-def extract_answer(reply: str, answer_tag: str = "answer") -> str | None:
-    """The content of the reply's last `<answer_tag>...</answer_tag>` (stripped), None when it has none:
-    reasoning-gym's own `extract_answer`."""
-    return reasoning_gym_module().utils.extract_answer(reply, tag_name=answer_tag)
+def extract_answer(reply: str, answer_tag: str = "answer", fallback: Literal["none", "last_number"] = "none"
+                   ) -> str | None:
+    """The content of the reply's last `<answer_tag>...</answer_tag>` (stripped; reasoning-gym's own
+    `extract_answer`). A reply without one: None (no answer), or with fallback "last_number" its last number."""
+    found = reasoning_gym_module().utils.extract_answer(reply, tag_name=answer_tag)
+    if found is None and fallback == "last_number":
+        return last_number_text(reply)
+    return found
 
 
-def score_reply(key: str | dict[str, Any], reply: str, answer_tag: str = "answer") -> tuple[float, str | None]:
+def score_reply(key: str | dict[str, Any], reply: str, answer_tag: str = "answer",
+                fallback: Literal["none", "last_number"] = "none") -> tuple[float, str | None]:
     """(the task's score of the reply's answer, the answer read) for the item a `reasoning_gym` column names."""
     generator, item = item_of(key)
-    answer = extract_answer(reply, answer_tag)
+    answer = extract_answer(reply, answer_tag, fallback)
     return float(generator.score_answer(answer, item)), answer
 
 
@@ -160,13 +165,17 @@ class ReasoningGymRewardSpec(RewardSpec):
     credit."""
 
     answer_tag: str = Field("answer", description="The tag the answer is read from: <answer_tag>...</answer_tag>.")
+    fallback: Literal["none", "last_number"] = Field(
+        "none", description="A reply without the tag: 'none' scores it as no answer (0); 'last_number' scores its "
+        "last number instead (for numeric tasks and a model that does not write the tag yet).")
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         keys = columns.get("reasoning_gym")
         if keys is None:
             raise UserError("reward: ReasoningGymRewardSpec needs the `reasoning_gym` column of "
                             "ReasoningGymDataSpec rows; the dataset has none")
-        return [score_reply(key, completion, self.answer_tag)[0] for key, completion in zip(keys, completions)]
+        return [score_reply(key, completion, self.answer_tag, self.fallback)[0]
+                for key, completion in zip(keys, completions)]
 
 
 def reasoning_gym_reward(completions: list[Any], reasoning_gym: list[str], **kwargs: Any) -> list[float]:
@@ -183,11 +192,12 @@ class RetryWithFeedback:
     reward is the change in that value, so the summed step rewards equal it wherever the episode ends (the run's
     `max_turns` may end it first)."""
 
-    def __init__(self, max_attempts: int = 3, discount: float = 0.5, answer_tag: str = "answer"):
+    def __init__(self, max_attempts: int = 3, discount: float = 0.5, answer_tag: str = "answer",
+                 fallback: Literal["none", "last_number"] = "none"):
         if max_attempts < 1 or not 0.0 <= discount <= 1.0:
             raise UserError(f"environment.factory_kwargs: expected max_attempts >= 1 and 0 <= discount <= 1; got "
                             f"max_attempts={max_attempts}, discount={discount}")
-        self.max_attempts, self.discount, self.answer_tag = max_attempts, discount, answer_tag
+        self.max_attempts, self.discount, self.answer_tag, self.fallback = max_attempts, discount, answer_tag, fallback
         self.key: str | None = None
         self.attempts = 0
         self.value = 0.0  # the episode's reward so far: what the step rewards have summed to
@@ -201,14 +211,14 @@ class RetryWithFeedback:
 
     def step(self, reply: str) -> tuple[str | None, float, bool]:
         self.attempts += 1
-        score, answer = score_reply(self.key, reply, self.answer_tag)
+        score, answer = score_reply(self.key, reply, self.answer_tag, self.fallback)
         value = score * self.discount ** (self.attempts - 1)
         reward, self.value = value - self.value, value
         if score >= 1.0 or self.attempts >= self.max_attempts:
             return None, reward, True
         tag = self.answer_tag
         if answer is None:
-            verdict = f"No <{tag}>...</{tag}> was found in your reply, so it scored 0."
+            verdict = f"No answer was found in your reply (expected <{tag}>...</{tag}>), so it scored 0."
         else:
             verdict = f"Your answer {answer!r} scored {score:.2f} of 1; it is not right."
         return f"{verdict} Try again, with the final answer in <{tag}>...</{tag}>.", reward, False

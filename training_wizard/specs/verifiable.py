@@ -60,10 +60,14 @@ def to_number(value: Any) -> float | None:
         return float(value)
     text = str(value)
     boxed = last_boxed(text)
-    found = _NUMBER.findall(boxed if boxed is not None else text)
-    if not found:
-        return None
-    return float(found[-1].replace(",", ""))
+    found = last_number_text(boxed if boxed is not None else text)
+    return float(found) if found is not None else None
+
+
+def last_number_text(text: str) -> str | None:
+    """The last number written in a text, thousands separators removed ("1,234" -> "1234"); None if it has none."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
 
 
 def gold_number(value: Any) -> float | None:
