@@ -34,9 +34,9 @@ def make(tokenizer, out, reward=distinct, **overrides):
     trainer.taken = []
     original = trainer._next_prompts
 
-    def record():
-        batch = original()
-        trainer.taken.append((trainer.state.iteration, batch.rows[: trainer.plan.local_prompts]))
+    def record(iteration):
+        batch = original(iteration)
+        trainer.taken.append((iteration, batch.rows[: trainer.plan.local_prompts]))
         return batch
 
     trainer._next_prompts = record
@@ -64,6 +64,27 @@ def test_prompts_after_resume_are_exactly_the_uninterrupted_ones(tokenizer, tmp_
     assert consumed == full.taken  # no repeats, no skips, same order
     assert_bitwise_equal(second.unwrapped_policy.state_dict(), full.unwrapped_policy.state_dict(), "weights")
     assert_bitwise_equal(second.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
+
+
+def test_an_async_run_resumes_without_losing_or_repeating_a_prompt(tokenizer, tmp_path, monkeypatch):
+    """Stopped after iteration 2, with iteration 3's batch already sampled ahead (async_rollouts): the checkpoint
+    keeps the prompt order from before that batch, so the resumed run samples it again (with the resumed weights)
+    and the prompts of the whole run are the uninterrupted run's, in order."""
+    full = make(tokenizer, tmp_path / "full", async_rollouts=True)
+    full.train()
+    assert [iteration for iteration, _ in full.taken] == list(range(6))
+    monkeypatch.setenv(signals.FAULT_ENV, "iteration@2=term")
+    first = make(tokenizer, tmp_path / "cut", async_rollouts=True)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        first.train()
+    assert stopped.value.step == 2 and first.taken[-1][0] == 2  # iteration 3's batch (index 2) was sampled ahead
+    monkeypatch.delenv(signals.FAULT_ENV)
+    second = make(tokenizer, tmp_path / "cut", async_rollouts=True)
+    load_checkpoint(second, find_checkpoint(tmp_path / "cut", "latest"))
+    second.train()
+    consumed = [t for t in first.taken if t[0] < 2] + second.taken
+    assert consumed == full.taken  # no prompt lost, none repeated, same order
+    assert len(read_metrics(tmp_path / "cut")) == len(read_metrics(tmp_path / "full"))
 
 
 def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch):

@@ -44,11 +44,12 @@ from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
+from training_wizard.trainers.async_rollouts import sample_ahead, take_pending
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
+from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics, staleness_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
@@ -71,6 +72,7 @@ class OnPolicyTrainer(UpdateLoop):
     """
 
     config: OnPolicyConfig
+    pending_rollout: TrajectoryBatch | None = None  # async_rollouts: the next iteration's batch, sampled ahead
 
     def __init__(
         self,
@@ -241,12 +243,17 @@ class OnPolicyTrainer(UpdateLoop):
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
         try:
-            rollout = self.collect_rollout()
+            # the batch sampled ahead by the last iteration (async_rollouts), or a new one
+            rollout = take_pending(self) if self.pending_rollout is not None else self.collect_rollout()
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
         shaped = self.shape_rewards(rollout)
         skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
+        try:  # async_rollouts: the next iteration's batch, sampled by the weights before this update
+            sample_ahead(self)
+        except StoppedWhileWaiting:
+            self._stop(stop, start_state)
         # 7. the update
         update_started = time.perf_counter()
         update_stats = {} if skip_update else self._update(rollout, shaped)
@@ -259,15 +266,17 @@ class OnPolicyTrainer(UpdateLoop):
             self._stop(stop)
         self._safe_point_after_iteration(stop)
 
-    def collect_rollout(self) -> TrajectoryBatch:
-        """Steps 1-5: the next prompts of the shared order, sampled and scored."""
-        prompts = self._next_prompts()
+    def collect_rollout(self, iteration: int | None = None) -> TrajectoryBatch:
+        """Steps 1-5: the next prompts of the shared order, sampled and scored, for iteration `iteration` (0-based;
+        default: the current one) with the current weights."""
+        iteration = self.state.iteration if iteration is None else iteration
+        prompts = self._next_prompts(iteration)
         rollout = self.rollout_source.collect(self._request(self.train_prompts, prompts.rows, prompts.seeds,
-                                                            self.state.iteration + 1, prompts.group_ids))
+                                                            iteration + 1, prompts.group_ids))
         fault_point("generation", self.state.iteration)
         return rollout
 
-    def _next_prompts(self) -> PromptBatch:
+    def _next_prompts(self, iteration: int) -> PromptBatch:
         """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
         sampling seeds keyed by (seed, iteration, global slot)."""
         plan, k = self.plan, self.config.group_size()
@@ -276,7 +285,7 @@ class OnPolicyTrainer(UpdateLoop):
         local = global_indices[first : first + plan.local_prompts]
         rows = [local[i] for j in range(k) for i in range(plan.local_prompts)]
         seeds = [
-            row_seed(self.config.seed, self.state.iteration, (first + i) * k + j)
+            row_seed(self.config.seed, iteration, (first + i) * k + j)
             for j in range(k)
             for i in range(plan.local_prompts)
         ]
@@ -377,6 +386,8 @@ class OnPolicyTrainer(UpdateLoop):
             metrics.update(self._sampling_metrics(rollout))
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
+        if self.config.async_rollouts:  # the weights trained are those of the iterations before this one
+            metrics.update(staleness_metrics(self.collectives, device, rollout, self.state.iteration - 1))
         return metrics
 
     def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:

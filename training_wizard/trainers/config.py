@@ -13,6 +13,7 @@ from pydantic import (
     Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator,
 )
 
+from training_wizard.trainers.async_config import AsyncRolloutOptions
 from training_wizard.trainers.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -28,10 +29,9 @@ from training_wizard.trainers.supervised_config import (
 __all__ = [
     "DEFAULT_SEED", "OUTPUT_DIR_DESCRIPTION", "SEED_DESCRIPTION", "SEED_RANGE", "RunConfig", "OnPolicyConfig",
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
-    "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan",
-]
+    "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
-class OnPolicyConfig(RunConfig):
+class OnPolicyConfig(AsyncRolloutOptions):
     """Options shared by the on-policy trainers (RLOO now, PPO next)."""
 
     # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------

@@ -23,13 +23,16 @@ class RunState:
         self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
         self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
+        # async_rollouts: the prompt order's state before the batch sampled ahead for the next iteration was taken.
+        # A checkpoint saves it, so a resumed run samples that batch again rather than losing its prompts.
+        self.order_before_pending: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration,
             "episode": self.episode,
             "skipped_batches": self.skipped_batches,
-            "prompt_order": self.prompt_order.state_dict(),
+            "prompt_order": self.order_before_pending or self.prompt_order.state_dict(),
             "update_generator": self.update_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
         }

@@ -113,7 +113,8 @@ class UpdateLoop:
             from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
         old = token.logprobs.detach() if config.single_update_pass else rows["logprobs"]
         correction = None
-        if "sampling_logprobs" in rows and config.vllm_importance_sampling_correction:
+        # a stale batch (async_rollouts) is always corrected; the vLLM gap alone when the option says so
+        if "sampling_logprobs" in rows and (config.vllm_importance_sampling_correction or config.async_rollouts):
             correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
         return PolicyForward(token, old, correction)
 
