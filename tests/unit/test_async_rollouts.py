@@ -5,11 +5,12 @@ update older, and the update corrects it with exp(current - behaviour) logprobs,
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
 
-from tests.helpers import make_grpo_trainer, make_rloo_trainer
+from tests.helpers import make_grpo_trainer, make_ppo_trainer, make_rloo_trainer
 from training_wizard.tracking.metrics import read_metrics
 
 OPTIONS = dict(total_episodes=16 * 4, num_ppo_epochs=2, num_mini_batches=2, seed=5)  # 4 iterations
@@ -33,7 +34,7 @@ def test_a_staleness_bound_of_zero_is_the_synchronous_run_exactly(make, tokenize
 
 
 def comparable(records):
-    return [{k: v for k, v in record.items() if not k.startswith(("time/", "eps", "tokens_per_s"))}
+    return [{k: v for k, v in record.items() if not k.startswith(("time/", "eps", "tokens_per_s", "async/"))}
             for record in records]
 
 
@@ -94,3 +95,64 @@ def test_bounds_above_one_are_refused_with_one_line():
 
     with pytest.raises(ValueError, match=r"max_staleness = 2: only 0 \(synchronous\) and 1 \(one-step-off\)"):
         RLOOConfig(async_rollouts=True, max_staleness=2)
+
+
+@pytest.mark.parametrize("make, options", [
+    (make_rloo_trainer, {}), (make_grpo_trainer, {}), (make_ppo_trainer, {}),
+    (make_rloo_trainer, {"kl_coef": 0.1, "num_ppo_epochs": 1, "num_mini_batches": 1}),
+], ids=["rloo", "grpo", "ppo", "rloo-one-pass-kl"])
+def test_the_producer_thread_gives_the_inline_schedule_s_numbers(make, options, tokenizer, tmp_path):
+    """The thread samples with a copy of the pre-update weights while the update runs; the inline schedule samples
+    with the policy itself before the update: the same keys and weights, so the same run (PPO: values refreshed
+    by the critic being trained, in both)."""
+    threaded, thread_metrics = run(make, tokenizer, tmp_path / "thread", async_rollouts=True, **options)
+    inline, inline_metrics = run(make, tokenizer, tmp_path / "inline", async_rollouts=True, async_producer="inline",
+                                 **options)
+    assert threaded.producer is not None and inline.producer is None
+    assert thread_metrics[1]["async/trainer_idle_s"] >= 0.0 and "async/trainer_idle_s" not in inline_metrics[1]
+    assert comparable(thread_metrics) == comparable(inline_metrics)
+    ours, theirs = threaded.unwrapped_policy.state_dict(), inline.unwrapped_policy.state_dict()
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+
+
+CALLS = {"count": 0}
+
+
+def slow_after_two_batches(prompts, completions, **columns):
+    CALLS["count"] += 1
+    if CALLS["count"] > 2:
+        time.sleep(3.0)
+    return [float(len(c)) for c in completions]
+
+
+def test_a_stalled_producer_stops_the_run_with_one_line_and_the_checkpoint_intact(tokenizer, tmp_path):
+    from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint
+    from training_wizard.errors import UserError
+
+    CALLS["count"] = 0
+    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=slow_after_two_batches, **OPTIONS, async_rollouts=True,
+                                async_producer_timeout=0.5, save_steps=1)
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=r"training.async_producer_timeout: the rollout producer gave no batch within "
+                                        r"0.5 s"):
+        trainer.train()
+    assert time.perf_counter() - started < 3.0  # it did not wait for the stalled batch
+    assert trainer.state.iteration == 2
+    assert is_valid_checkpoint(find_checkpoint(tmp_path, "latest"))
+
+
+def test_episodes_sampled_ahead_by_the_thread_match_the_inline_schedule(tokenizer, tmp_path):
+    from tests.unit.test_episodes import make
+    from training_wizard import GRPOConfig, GRPOTrainer
+
+    def episode_run(folder, **options):  # Echo, the text protocol: each reply answered, 2 replies at most
+        trainer = make(GRPOTrainer, GRPOConfig, tokenizer, folder, total_episodes=8 * 3, response_length=48,
+                       max_turns=2, num_generations=2, async_rollouts=True, **options)
+        trainer.train()
+        return read_metrics(folder)
+
+    threaded = episode_run(tmp_path / "thread")
+    inline = episode_run(tmp_path / "inline", async_producer="inline")
+    assert comparable(threaded) == comparable(inline)
+    assert [record["sample/staleness_max"] for record in threaded] == [0.0] + [1.0] * 5  # 4 episodes an iteration
+    assert threaded[-1]["episodes/replies_mean"] > 1.0

@@ -3,7 +3,9 @@ units where TRL has them. docs/async.md explains the schedule, the bound and the
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeInt, model_validator
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
 
 from training_wizard.trainers.run_config import RunConfig
 
@@ -20,6 +22,12 @@ class AsyncRolloutOptions(RunConfig):
         1, description="Updates a row's sampling weights may lag the weights it trains (TRL counts weight syncs; "
         "here each update is one). 0 gives the synchronous loop exactly; 1 is the one-step-off schedule. Larger "
         "bounds are not built yet.")
+    async_producer: Literal["thread", "inline"] = Field(
+        "thread", description="Where the batch ahead is sampled: 'thread', in a thread of its own with a copy of the "
+        "policy, while the update runs (one process, the decode loop; elsewhere 'inline' is used); 'inline', in "
+        "the training thread before the update. Both give the same numbers.")
+    async_producer_timeout: PositiveFloat = Field(
+        3600.0, description="Seconds the update waits for the producer's batch before the run stops with one line.")
 
     @model_validator(mode="after")
     def _staleness_built(self) -> AsyncRolloutOptions:

@@ -44,12 +44,12 @@ from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
-from training_wizard.trainers.async_rollouts import sample_ahead, take_pending
+from training_wizard.trainers.async_rollouts import async_metrics, sample_ahead, take_pending
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics, staleness_metrics
+from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
@@ -72,7 +72,8 @@ class OnPolicyTrainer(UpdateLoop):
     """
 
     config: OnPolicyConfig
-    pending_rollout: TrajectoryBatch | None = None  # async_rollouts: the next iteration's batch, sampled ahead
+    pending_rollout: Any = None  # async_rollouts: the next iteration's batch (or its Future), sampled ahead
+    producer: Any = None  # async_rollouts: the thread that samples it (trainers/async_rollouts.py)
 
     def __init__(
         self,
@@ -241,19 +242,15 @@ class OnPolicyTrainer(UpdateLoop):
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
         self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
-        # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score
+        # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score (async_rollouts: sampled ahead)
         try:
-            # the batch sampled ahead by the last iteration (async_rollouts), or a new one
             rollout = take_pending(self) if self.pending_rollout is not None else self.collect_rollout()
+            sample_ahead(self)  # async_rollouts: the next iteration's batch, by the weights before this update
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
         shaped = self.shape_rewards(rollout)
         skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
-        try:  # async_rollouts: the next iteration's batch, sampled by the weights before this update
-            sample_ahead(self)
-        except StoppedWhileWaiting:
-            self._stop(stop, start_state)
         # 7. the update
         update_started = time.perf_counter()
         update_stats = {} if skip_update else self._update(rollout, shaped)
@@ -386,14 +383,14 @@ class OnPolicyTrainer(UpdateLoop):
             metrics.update(self._sampling_metrics(rollout))
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
-        if self.config.async_rollouts:  # the weights trained are those of the iterations before this one
-            metrics.update(staleness_metrics(self.collectives, device, rollout, self.state.iteration - 1))
+        if self.config.async_rollouts:
+            metrics.update(async_metrics(self, rollout))
         return metrics
 
     def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:
         weights = self._correction_weights(rollout.logprobs, rollout.sampling_logprobs, rollout.loss_mask)
-        per_sequence = self.config.vllm_importance_sampling_mode.startswith("sequence")
-        return sampling_metrics(self.collectives, self.accelerator.device, rollout, weights, per_sequence)
+        return sampling_metrics(self.collectives, self.accelerator.device, rollout, weights,
+                                self.config.vllm_importance_sampling_mode.startswith("sequence"))
 
     def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
         shown = min(rows, rollout.num_rows)

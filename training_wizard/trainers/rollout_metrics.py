@@ -81,11 +81,3 @@ def episode_metrics(collectives, device, batch) -> dict[str, float]:
     metrics.update({f"episodes/stopped_by_{name}": float(value / episodes) for name, value in zip(reasons, stopped)})
     return metrics
 
-
-def staleness_metrics(collectives, device, batch, trained_version: int) -> dict[str, float]:
-    """How many updates older than the weights it trains each row's sampling weights were (async_rollouts):
-    mean and max over every process's rows."""
-    lag = (trained_version - batch.policy_version).float().to(device)
-    sums = collectives.sum(torch.stack([lag.sum(), torch.tensor(float(lag.numel()), device=device)]))
-    highest = collectives.max(lag.max())
-    return {"sample/staleness_mean": float(sums[0] / sums[1]), "sample/staleness_max": float(highest)}
