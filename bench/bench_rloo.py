@@ -202,6 +202,22 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def train_timed(trainer) -> list[float]:
+    """Train, timing each iteration from the end of the one before (the first from the start of train())."""
+    ends = []
+    iteration = trainer._iteration
+
+    def timed(*args, **kwargs):
+        iteration(*args, **kwargs)
+        ends.append(time.perf_counter())
+
+    trainer._iteration = timed
+    started = time.perf_counter()
+    trainer.train()
+    marks = [started, *ends]
+    return [end - start for start, end in zip(marks, marks[1:])]
+
+
 def worker_ours(args) -> dict:
     import torch
 
@@ -225,19 +241,8 @@ def worker_ours(args) -> dict:
         options[key] = _option_value(value)
     trainer = RLOOTrainer(config=RLOOConfig(**options), tokenizer=tokenizer, policy=policy, reward_model=reward,
                           train_dataset=[{"prompt": p} for p in PROMPTS])
-    ends = []
-    iteration = trainer._iteration
-
-    def timed(*a, **k):
-        iteration(*a, **k)
-        ends.append(time.perf_counter())
-
-    trainer._iteration = timed
-    started = time.perf_counter()
-    trainer.train()
+    seconds = train_timed(trainer)[args.warmup:]
     metrics = read_metrics(args.out)
-    marks = [started, *ends]
-    seconds = [b - a for a, b in zip(marks, marks[1:])][args.warmup:]
     timed_metrics = metrics[args.warmup:]
     return {
         "seconds": seconds, "episodes": PROMPTS_PER_ITERATION * K * len(seconds), "peak_mb": peak_mb(),

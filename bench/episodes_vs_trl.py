@@ -65,7 +65,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # examples.tools.calculator, on both sides
 
-from bench.bench_rloo import cpu_description, peak_mb, wait_for_quiet  # noqa: E402 (shared with the RLOO bench)
+from bench.bench_rloo import cpu_description, peak_mb, train_timed, wait_for_quiet  # noqa: E402 (shared)
 from examples.tools.calculator import Calculator, right_answer  # noqa: E402
 
 PROMPTS_PER_ITERATION, K, LENGTH, TOOL_ROUNDS = 8, 4, 96, 2
@@ -125,18 +125,7 @@ def worker_ours(args) -> dict:
         seed=SEED, num_sample_generations=0, gradient_checkpointing=False, max_grad_norm=1.0)
     trainer = GRPOTrainer(config=config, tokenizer=tokenizer, policy=model, reward_model=reward,
                           train_dataset=rows(PROMPTS_PER_ITERATION * iterations), environment_factory=CountingCalculator)
-    ends = []
-    iteration = trainer._iteration
-
-    def timed(*a, **k):
-        iteration(*a, **k)
-        ends.append(time.perf_counter())
-
-    trainer._iteration = timed
-    started = time.perf_counter()
-    trainer.train()
-    marks = [started, *ends]
-    seconds = [b - a for a, b in zip(marks, marks[1:])][args.warmup:]
+    seconds = train_timed(trainer)[args.warmup:]
     metrics = read_metrics(args.out)
     timed_metrics = metrics[args.warmup:]
 

@@ -156,3 +156,21 @@ def test_episodes_sampled_ahead_by_the_thread_match_the_inline_schedule(tokenize
     assert comparable(threaded) == comparable(inline)
     assert [record["sample/staleness_max"] for record in threaded] == [0.0] + [1.0] * 5  # 4 episodes an iteration
     assert threaded[-1]["episodes/replies_mean"] > 1.0
+
+
+def final_score(tokenizer, folder, seed, **options):
+    """The mean score of the last 5 of 60 iterations on the 'x' share reward (tests/unit/test_rloo_trainer.py's
+    learnable reward: a random model starts near 2%)."""
+    trainer = make_rloo_trainer(tokenizer, folder, rloo_k=4, per_device_train_batch_size=16,
+                                total_episodes=16 * 60, response_length=8, learning_rate=3e-3, num_ppo_epochs=2,
+                                temperature=1.0, kl_coef=0.0, seed=seed, **options)
+    trainer.train()
+    return sum(m["objective/scores"] for m in read_metrics(folder)[-5:]) / 5
+
+
+def test_one_step_off_learns_as_the_synchronous_runs_do(tokenizer, tmp_path):
+    synchronous = [final_score(tokenizer, tmp_path / f"sync{seed}", seed) for seed in (1, 2, 3)]
+    asynchronous = final_score(tokenizer, tmp_path / "async", 1, async_rollouts=True)
+    print(f"final scores: synchronous {synchronous}, one-step-off {asynchronous:.3f}")
+    assert min(synchronous) > 0.3  # the reward is learned at all
+    assert min(synchronous) <= asynchronous <= max(synchronous) + 0.05, (synchronous, asynchronous)

@@ -139,7 +139,7 @@ def refreshed_for_current_weights(collector: Any, batch: TrajectoryBatch) -> Tra
                   for name, run in collector.extra_passes.items()}
     behaviour = batch.sampling_logprobs if batch.sampling_logprobs is not None else batch.logprobs
     reference = batch.ref_logprobs if collector.settings.reference_logprobs else logprobs
-    timings = {**batch.timings, "logprobs": batch.timings.get("logprobs", 0.0) + time.perf_counter() - started}
+    timings = {**batch.timings, "refresh": time.perf_counter() - started}  # the training thread's part
     return dataclasses.replace(batch, logprobs=logprobs, ref_logprobs=reference, extras={**batch.extras, **extras},
                                sampling_logprobs=behaviour * batch.loss_mask, timings=timings)
 
@@ -152,6 +152,7 @@ def async_metrics(trainer: Any, batch: TrajectoryBatch) -> dict[str, float]:
     sums = trainer.collectives.sum(torch.stack([lag.sum(), torch.tensor(float(lag.numel()))]).to(device))
     metrics = {"sample/staleness_mean": float(sums[0] / sums[1]),
                "sample/staleness_max": float(trainer.collectives.max(lag.max().to(device)))}
+    metrics["time/logprob_refresh"] = batch.timings.get("refresh", 0.0)
     if trainer.producer is not None:
         metrics["async/trainer_idle_s"] = trainer.producer.trainer_idle_s
         metrics["async/producer_idle_s"] = trainer.producer.producer_idle_s
