@@ -47,7 +47,7 @@ def sample_ahead(trainer: Any) -> None:
         request = trainer._request(trainer.train_prompts, prompts.rows, prompts.seeds, iteration + 1,
                                    prompts.group_ids)
         trainer.pending_rollout = producer.submit(unwrap_model(trainer.accelerator, trainer.policy), request)
-    trainer.state.order_before_pending = order
+    trainer.state.order_before_pending, trainer.state.pending_prompts = order, trainer.plan.prompts_per_iteration
 
 
 def take_pending(trainer: Any) -> TrajectoryBatch:
@@ -153,6 +153,7 @@ def async_metrics(trainer: Any, batch: TrajectoryBatch) -> dict[str, float]:
     metrics = {"sample/staleness_mean": float(sums[0] / sums[1]),
                "sample/staleness_max": float(trainer.collectives.max(lag.max().to(device)))}
     metrics["time/logprob_refresh"] = batch.timings.get("refresh", 0.0)
+    metrics["async/reissued_prompts_total"] = float(trainer.state.reissued_prompts)
     if trainer.producer is not None:
         metrics["async/trainer_idle_s"] = trainer.producer.trainer_idle_s
         metrics["async/producer_idle_s"] = trainer.producer.producer_idle_s
