@@ -86,16 +86,21 @@ def report(results: dict) -> None:
     base = results["sync-1t"]
     ideal = (base["producer_s"] + base["update_s"]) / max(base["producer_s"], base["update_s"])
     print(f"\n{cpu_description()}; {PROMPTS_PER_ITERATION} prompts x {K} samples x {LENGTH} tokens, RLOO, 25M model")
-    print(f"{'run':8} {'s/iter':>7} {'eps/s':>7} {'vs sync-1t':>10} {'producer s':>10} {'update s':>9} "
-          f"{'trainer idle':>12} {'producer idle':>13} {'peak MB':>8}")
+    print(f"{'run':8} {'s/iter':>7} {'eps/s':>7} {'vs sync-1t':>10} {'producer s':>10} {'refresh s':>9} "
+          f"{'update s':>9} {'trainer idle':>12} {'producer idle':>13} {'peak MB':>8}")
     for name, result in results.items():
         per_iteration = statistics.mean(result["seconds"])
         speed = statistics.mean(base["seconds"]) / per_iteration
         print(f"{name:8} {per_iteration:7.2f} {result['episodes'] / sum(result['seconds']):7.1f} {speed:9.2f}x "
-              f"{result['producer_s']:10.2f} {result['update_s']:9.2f} {result['trainer_idle_s']:12.2f} "
+              f"{result['producer_s']:10.2f} {result['refresh_s']:9.2f} {result['update_s']:9.2f} "
+              f"{result['trainer_idle_s']:12.2f} "
               f"{result['producer_idle_s']:13.2f} {result['peak_mb']:8.0f}")
     achieved = statistics.mean(base["seconds"]) / statistics.mean(results["async"]["seconds"])
     print(f"ideal overlap from sync-1t: {ideal:.2f}x; async achieved {achieved:.2f}x = {achieved / ideal:.0%} of it")
+    trainer_side = results["async"]["refresh_s"] + results["async"]["update_s"]
+    print(f"async's training thread: refresh {results['async']['refresh_s']:.2f} s + update "
+          f"{results['async']['update_s']:.2f} s = {trainer_side:.2f} s per iteration (sync-1t's update: "
+          f"{base['update_s']:.2f} s)")
     print("scores by iteration (share of 'e'):")
     for name in ("sync-1t", "async"):
         print(f"  {name:8} " + " ".join(f"{score:.3f}" for score in results[name]["scores"]))
@@ -109,6 +114,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("~/.cache/training-wizard/bench").expanduser())
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench-async"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--report", type=Path, help="print the report of a saved --json file again, and stop")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--threads", type=int, default=1)
@@ -117,6 +123,9 @@ def main() -> None:
     if args.worker:
         args.out = str(args.out)
         print(json.dumps(worker(args)))
+        return
+    if args.report:
+        report(json.loads(args.report.read_text()))
         return
     model = build_models(args.cache)["25m"]
     print(f"waited {wait_for_quiet():.0f} s for a quiet machine")
