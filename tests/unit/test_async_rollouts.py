@@ -174,3 +174,16 @@ def test_one_step_off_learns_as_the_synchronous_runs_do(tokenizer, tmp_path):
     print(f"final scores: synchronous {synchronous}, one-step-off {asynchronous:.3f}")
     assert min(synchronous) > 0.3  # the reward is learned at all
     assert min(synchronous) <= asynchronous <= max(synchronous) + 0.05, (synchronous, asynchronous)
+
+
+def test_with_one_pass_the_update_s_own_logprobs_are_the_proximal_policy_and_no_refresh_runs(tokenizer, tmp_path):
+    """One epoch of one mini-batch: the stale batch is not refreshed (its logprobs stay the behaviour's); the update
+    corrects each completion by exp(its own detached logprobs - the behaviour's) and logs those weights."""
+    options = dict(num_ppo_epochs=1, num_mini_batches=1, async_rollouts=True)
+    _, one_pass = run(make_rloo_trainer, tokenizer, tmp_path / "one", **options)
+    _, refreshed = run(make_rloo_trainer, tokenizer, tmp_path / "two", **{**options, "num_ppo_epochs": 2})
+    assert all(r["time/logprob_refresh"] == 0.0 for r in one_pass)  # no pass ran
+    assert all(r["time/logprob_refresh"] > 0.0 for r in refreshed[1:])
+    for record in one_pass[1:]:
+        assert record["sampling/importance_sampling_ratio/mean"] != 1.0
+        assert record["sampling/sampling_logp_difference/max"] > 0.0

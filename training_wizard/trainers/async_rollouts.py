@@ -23,13 +23,16 @@ import copy
 import dataclasses
 import threading
 import time
+import types
 from typing import Any
 
 import torch
 
+from training_wizard.core.importance_sampling import ImportanceWeights
 from training_wizard.errors import UserError
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
+from training_wizard.trainers.rollout_metrics import sampling_metrics
 
 
 def sample_ahead(trainer: Any) -> None:
@@ -59,7 +62,7 @@ def take_pending(trainer: Any) -> TrajectoryBatch:
         batch = trainer.producer.result(batch, trainer.config.async_producer_timeout)
         trainer.producer.trainer_idle_s = time.perf_counter() - waited
     trainer.state.order_before_pending = None
-    return refreshed_for_current_weights(trainer.collector, batch)
+    return refreshed_for_current_weights(trainer.collector, batch, policy_pass=not trainer.config.single_update_pass)
 
 
 def start_producer(trainer: Any) -> RolloutProducer | None:
@@ -127,19 +130,25 @@ class RolloutProducer:
 
 
 
-def refreshed_for_current_weights(collector: Any, batch: TrajectoryBatch) -> TrajectoryBatch:
+def refreshed_for_current_weights(collector: Any, batch: TrajectoryBatch, policy_pass: bool = True
+                                  ) -> TrajectoryBatch:
     """A batch sampled by older weights, with `logprobs` recomputed by the current ones (the proximal policy)
     and `sampling_logprobs` the behaviour policy's: the sampler's where it gave its own (vLLM), else the
-    training forward pass's at sampling time. Without a reference pass the reference stays the policy (KL 0)."""
+    training forward pass's at sampling time. Without a reference pass the reference stays the policy (KL 0).
+    Without `policy_pass` (one epoch of one mini-batch: the update's own forward pass is the proximal policy's,
+    trainers/update.py) `logprobs` stay the behaviour policy's, which the KL penalty then reads."""
     started = time.perf_counter()
-    with collector.rollout_engine() as engine:
-        logprobs = collector._logprobs(engine.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                       batch.completion_mask)
-        extras = {name: run(batch.prompt_ids, batch.prompt_mask, batch.completion_ids)
-                  for name, run in collector.extra_passes.items()}
+    logprobs, extras, timings = batch.logprobs, {}, dict(batch.timings)
+    if policy_pass or collector.extra_passes:
+        with collector.rollout_engine() as engine:
+            if policy_pass:
+                logprobs = collector._logprobs(engine.model, batch.prompt_ids, batch.prompt_mask,
+                                               batch.completion_ids, batch.completion_mask)
+            extras = {name: run(batch.prompt_ids, batch.prompt_mask, batch.completion_ids)
+                      for name, run in collector.extra_passes.items()}
+        timings["refresh"] = time.perf_counter() - started  # the training thread's part
     behaviour = batch.sampling_logprobs if batch.sampling_logprobs is not None else batch.logprobs
     reference = batch.ref_logprobs if collector.settings.reference_logprobs else logprobs
-    timings = {**batch.timings, "refresh": time.perf_counter() - started}  # the training thread's part
     return dataclasses.replace(batch, logprobs=logprobs, ref_logprobs=reference, extras={**batch.extras, **extras},
                                sampling_logprobs=behaviour * batch.loss_mask, timings=timings)
 
@@ -153,8 +162,25 @@ def async_metrics(trainer: Any, batch: TrajectoryBatch) -> dict[str, float]:
     metrics = {"sample/staleness_mean": float(sums[0] / sums[1]),
                "sample/staleness_max": float(trainer.collectives.max(lag.max().to(device)))}
     metrics["time/logprob_refresh"] = batch.timings.get("refresh", 0.0)
+    metrics.update(update_correction_metrics(trainer))
     metrics["async/reissued_prompts_total"] = float(trainer.state.reissued_prompts)
     if trainer.producer is not None:
         metrics["async/trainer_idle_s"] = trainer.producer.trainer_idle_s
         metrics["async/producer_idle_s"] = trainer.producer.producer_idle_s
     return metrics
+
+
+def update_correction_metrics(trainer: Any) -> dict[str, float]:
+    """The sampling/* metrics of the corrections the update computed itself (one pass over a stale batch, which
+    was not refreshed): the gap between the proximal and the behaviour logprobs, and the bounded weights."""
+    parts, trainer.update_corrections = getattr(trainer, "update_corrections", []), []
+    if not parts:
+        return {}
+    per_sequence = trainer.config.vllm_importance_sampling_mode.startswith("sequence")
+    flat = types.SimpleNamespace(
+        logprobs=torch.cat([proximal[mask] for proximal, _, mask, _ in parts]),
+        sampling_logprobs=torch.cat([behaviour[mask] for _, behaviour, mask, _ in parts]))
+    flat.loss_mask = torch.ones_like(flat.logprobs, dtype=torch.bool)
+    weights = ImportanceWeights(token=torch.cat([w.token[mask] for _, _, mask, w in parts]),
+                                sequence=torch.cat([w.sequence for *_, w in parts]), raw=flat.logprobs)
+    return sampling_metrics(trainer.collectives, trainer.accelerator.device, flat, weights, per_sequence)

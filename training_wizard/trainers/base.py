@@ -383,7 +383,7 @@ class OnPolicyTrainer(UpdateLoop):
             metrics.update(self._sampling_metrics(rollout))
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
-        if self.config.async_rollouts:
+        if self.config.one_step_off:
             metrics.update(async_metrics(self, rollout))
         return metrics
 

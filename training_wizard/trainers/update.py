@@ -76,6 +76,7 @@ class UpdateLoop:
         for model in self.trained_models.values():
             model.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self.update_corrections: list[tuple] = []  # async_rollouts, one pass: the correction of each micro-batch
         ratios: list[torch.Tensor] = []
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
@@ -115,7 +116,12 @@ class UpdateLoop:
         correction = None
         # a stale batch (async_rollouts) is always corrected; the vLLM gap alone when the option says so
         if "sampling_logprobs" in rows and (config.vllm_importance_sampling_correction or config.async_rollouts):
-            correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
+            if config.async_rollouts and config.single_update_pass:
+                # one pass: this forward's own logprobs are the proximal policy's (the batch was not refreshed)
+                correction = self._correction_weights(old, rows["sampling_logprobs"], rows["loss_mask"])
+                self.update_corrections.append((old, rows["sampling_logprobs"], rows["loss_mask"], correction))
+            else:
+                correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
         return PolicyForward(token, old, correction)
 
     def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
