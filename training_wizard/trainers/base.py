@@ -273,9 +273,10 @@ class OnPolicyTrainer(UpdateLoop):
         fault_point("generation", self.state.iteration)
         return rollout
 
-    def _next_prompts(self, iteration: int) -> PromptBatch:
+    def _next_prompts(self, iteration: int | None = None) -> PromptBatch:
         """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
-        sampling seeds keyed by (seed, iteration, global slot)."""
+        sampling seeds keyed by (seed, iteration (default: the current one), global slot)."""
+        iteration = self.state.iteration if iteration is None else iteration
         plan, k = self.plan, self.config.group_size()
         global_indices = self.state.prompt_order.take(plan.prompts_per_iteration)
         first = self.accelerator.process_index * plan.local_prompts
