@@ -45,11 +45,8 @@ def sample_ahead(trainer: Any) -> None:
     if producer is None:
         trainer.pending_rollout = trainer.collect_rollout(trainer.state.iteration + 1)
     else:
-        iteration = trainer.state.iteration + 1
-        prompts = trainer._next_prompts(iteration)
-        request = trainer._request(trainer.train_prompts, prompts.rows, prompts.seeds, iteration + 1,
-                                   prompts.group_ids)
-        trainer.pending_rollout = producer.submit(unwrap_model(trainer.accelerator, trainer.policy), request)
+        trainer.pending_rollout = producer.submit(unwrap_model(trainer.accelerator, trainer.policy),
+                                                  trainer.next_request(trainer.state.iteration + 1))
     trainer.state.order_before_pending, trainer.state.pending_prompts = order, trainer.plan.prompts_per_iteration
 
 
@@ -127,7 +124,6 @@ class RolloutProducer:
         except concurrent.futures.TimeoutError:
             raise UserError(f"training.async_producer_timeout: the rollout producer gave no batch within {timeout:g} "
                             "s; the run stops here (its last checkpoint is intact)") from None
-
 
 
 def refreshed_for_current_weights(collector: Any, batch: TrajectoryBatch, policy_pass: bool = True

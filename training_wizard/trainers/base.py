@@ -264,14 +264,16 @@ class OnPolicyTrainer(UpdateLoop):
         self._safe_point_after_iteration(stop)
 
     def collect_rollout(self, iteration: int | None = None) -> TrajectoryBatch:
-        """Steps 1-5: the next prompts of the shared order, sampled and scored, for iteration `iteration` (0-based;
-        default: the current one) with the current weights."""
-        iteration = self.state.iteration if iteration is None else iteration
-        prompts = self._next_prompts(iteration)
-        rollout = self.rollout_source.collect(self._request(self.train_prompts, prompts.rows, prompts.seeds,
-                                                            iteration + 1, prompts.group_ids))
+        """Steps 1-5: iteration `iteration`'s request (next_request), sampled and scored with the current weights."""
+        rollout = self.rollout_source.collect(self.next_request(iteration))
         fault_point("generation", self.state.iteration)
         return rollout
+
+    def next_request(self, iteration: int | None = None) -> RolloutRequest:
+        """The next prompts of the shared order, as the request of iteration `iteration` (default: the current)."""
+        iteration = self.state.iteration if iteration is None else iteration
+        prompts = self._next_prompts(iteration)
+        return self._request(self.train_prompts, prompts.rows, prompts.seeds, iteration + 1, prompts.group_ids)
 
     def _next_prompts(self, iteration: int | None = None) -> PromptBatch:
         """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
