@@ -22,11 +22,11 @@ from typing import Any
 from training_wizard.errors import UserError
 
 # Every file or folder a training run writes into its output_dir (tracking/, checkpoint.py, recipes/).
-RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints", "model",
-             "report.html", "metrics.png", "tensorboard")
+RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl", "checkpoints",
+             "model", "report.html", "metrics.png", "tensorboard")
 # What a run that never finished may leave: `latest` with no checkpoint yet restarts it from the beginning.
-UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints",
-                        "tensorboard")
+UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl",
+                        "checkpoints", "tensorboard")
 RUN_IDENTITY_FILE = "run.json"
 # The config keys of a model's architecture: a checkpoint whose weights have other shapes cannot be loaded.
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

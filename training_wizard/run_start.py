@@ -53,14 +53,16 @@ def take_output_dir(trainer, resume_from: str | None = None) -> None:
 
 
 def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:
-    """On resume, drop metrics.jsonl and samples.jsonl records written after the checkpoint (iterations that will
-    be redone) and any line cut short by a crash, so no iteration is ever logged twice. Rewritten atomically.
+    """On resume, drop metrics.jsonl, samples.jsonl and prompts.jsonl records written after the checkpoint
+    (iterations that will be redone) and any line cut short by a crash, so no iteration is ever logged twice.
+    Rewritten atomically.
 
-    metrics.jsonl records are kept while `episode` <= the checkpoint's episode; samples.jsonl rows while
-    `step` <= its iteration. Returns how many lines each file lost.
+    metrics.jsonl records are kept while `episode` <= the checkpoint's episode; samples.jsonl and prompts.jsonl
+    rows while `step` <= its iteration. Returns how many lines each file lost.
     """
     dropped = {}
-    for name, key, limit in (("metrics.jsonl", "episode", episode), ("samples.jsonl", "step", iteration)):
+    for name, key, limit in (("metrics.jsonl", "episode", episode), ("samples.jsonl", "step", iteration),
+                             ("prompts.jsonl", "step", iteration)):
         path = Path(output_dir) / name
         if not path.is_file():
             continue

@@ -4,6 +4,7 @@ no half-written checkpoint is ever chosen."""
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -75,3 +76,32 @@ def test_kill_9_anywhere_then_resume_is_exact(tmp_path, tiny_model_dir, referenc
     assert "resumed from" in child.stdout() and len(read_jsonl(output / "metrics.jsonl")) == ITERATIONS
     assert_same_run(output, reference_run)
     print(f"{len(kills)} kills in {lives} lives: {kills}")
+
+
+# The producer thread runs 3 iterations ahead (24 completions) and gets the weights every 2 updates; a bound of
+# 1 sync. Uninterrupted, the batches of iterations 4, 6, 8 and 10 (0-based) are 2 syncs stale and dropped.
+ASYNC = "async_rollouts = true\nmax_staleness = 1\nweight_sync_steps = 2\nmax_inflight_tasks = 24\n"
+
+
+def test_kill_9_during_async_training_then_resume_loses_no_prompt(tmp_path, tiny_model_dir, reference_run):
+    """kill -9 in the update of iteration 5, after iteration 10 (before its save) and in the update of iteration 11
+    (0-based), each time with batches sampled ahead. The resumed run completes, trains on the synchronous run's
+    prompts in its order, each once, and samples prompts again only where logged: the batches dropped as too
+    stale (prompts.jsonl "reissued") and the batches pending at each resumed checkpoint (counted)."""
+    recipe = make_recipe(tmp_path, tiny_model_dir, "async", extra=ASYNC)
+    output, argv, resumed_at = tmp_path / "async", [recipe, "resume_from_checkpoint=latest"], []
+    for life, fault in enumerate(["update@5", "iteration@10", "update@11", None]):
+        env = {"TRAINING_WIZARD_FAULT_INJECT": fault} if fault else {}
+        child = run_cli(argv, tmp_path / "logs" / f"life{life}", env=env)
+        assert child.code == (-signal.SIGKILL if fault else 0), (fault, child.code, child.stderr()[-2000:])
+        resumed_at += [int(at) for at in re.findall(r"resumed from .* \(iteration (\d+),", child.stdout())]
+    assert resumed_at == [5, 9, 11]  # the checkpoints the kills left
+    logged = read_jsonl(output / "prompts.jsonl")
+    assert [r["step"] for r in logged] == list(range(1, ITERATIONS + 1))
+    assert [r["prompts"] for r in logged] == [r["prompts"] for r in read_jsonl(reference_run / "prompts.jsonl")]
+    # after the resumes at 5 and 9 the producer restarts from those weights: iterations 4 and 8 keep their drops
+    assert [r["step"] for r in logged if r["reissued"]] == [5, 9]
+    last = read_jsonl(output / "metrics.jsonl")[-1]
+    assert last["sample/dropped_stale_total"] == 2 * 8
+    # 4 prompts per batch: 2 dropped batches, and 3 + 3 + 1 batches pending at the checkpoints of steps 5, 9, 11
+    assert last["async/reissued_prompts_total"] == 4 * (2 + 3 + 3 + 1)

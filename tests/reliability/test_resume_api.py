@@ -2,6 +2,7 @@
 disk, and the numerical guards."""
 
 import errno
+import json
 
 import pytest
 import torch
@@ -66,28 +67,34 @@ def test_prompts_after_resume_are_exactly_the_uninterrupted_ones(tokenizer, tmp_
     assert_bitwise_equal(second.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
 
 
-def test_an_async_run_resumes_without_losing_or_repeating_a_prompt(tokenizer, tmp_path, monkeypatch):
-    """Stopped after iteration 2, with iteration 3's batch already sampled ahead (async_rollouts): the checkpoint
-    keeps the prompt order from before that batch, so the resumed run samples it again (with the resumed weights)
-    and the prompts of the whole run are the uninterrupted run's, in order."""
-    full = make(tokenizer, tmp_path / "full", async_rollouts=True)
+@pytest.mark.parametrize("bound", [1, 2])
+def test_an_async_run_resumes_without_losing_or_repeating_a_prompt(tokenizer, tmp_path, monkeypatch, bound):
+    """Stopped after iteration 2, with the batches of the next `bound` iterations already sampled ahead
+    (async_rollouts): the checkpoint keeps the prompt order from before those batches, so the resumed run samples
+    them again (with the resumed weights) and the prompts of the whole run are the uninterrupted run's, in order."""
+    options = dict(async_rollouts=True, max_staleness=bound)
+    full = make(tokenizer, tmp_path / "full", **options)
     full.train()
     assert [iteration for iteration, _ in full.taken] == list(range(6))
     monkeypatch.setenv(signals.FAULT_ENV, "iteration@2=term")
-    first = make(tokenizer, tmp_path / "cut", async_rollouts=True)
+    first = make(tokenizer, tmp_path / "cut", **options)
     with pytest.raises(TrainingInterrupted) as stopped:
         first.train()
-    assert stopped.value.step == 2 and first.taken[-1][0] == 2  # iteration 3's batch (index 2) was sampled ahead
+    assert stopped.value.step == 2 and first.taken[-1][0] == 1 + bound  # sampled ahead of iteration index 2
     monkeypatch.delenv(signals.FAULT_ENV)
-    second = make(tokenizer, tmp_path / "cut", async_rollouts=True)
+    second = make(tokenizer, tmp_path / "cut", **options)
     load_checkpoint(second, find_checkpoint(tmp_path / "cut", "latest"))
     second.train()
     consumed = [t for t in first.taken if t[0] < 2] + second.taken
     assert consumed == full.taken  # no prompt lost, none repeated, same order
     records = read_metrics(tmp_path / "cut")
     assert len(records) == len(read_metrics(tmp_path / "full"))
-    # iteration 3's 4 prompts were sampled before the stop and again after it: counted once resumed
-    assert [r["async/reissued_prompts_total"] for r in records] == [0.0, 0.0, 4.0, 4.0, 4.0, 4.0]
+    # the 4 prompts of each batch sampled ahead before the stop were sampled again after it: counted once resumed
+    assert [r["async/reissued_prompts_total"] for r in records] == [0.0, 0.0] + [4.0 * bound] * 4
+    logged = [json.loads(line) for line in (tmp_path / "cut" / "prompts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+    assert [r["prompts"] for r in logged] == [r["prompts"] for r in map(json.loads, (
+        tmp_path / "full" / "prompts.jsonl").read_text().splitlines())]
 
 
 def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch):

@@ -63,7 +63,8 @@ class RolloutRequest:
     """What a trainer asks its rollout source for: dataset rows `rows` of `prompts` (each repeated once per
     completion it wants), their sampling seeds, the group id of each row, and the step (numbered as metrics and
     checkpoints are: a training rollout of iteration i is step i + 1; evaluation after step N is step N; reward
-    messages name it). `policy_version`: the optimizer updates the current weights have seen."""
+    messages name it). `policy_version`: the optimizer updates the sampling weights have seen. `prompt_ids`: a
+    training iteration's dataset indices over all processes (logged to prompts.jsonl)."""
 
     prompts: EncodedPrompts
     rows: list[int]
@@ -71,6 +72,7 @@ class RolloutRequest:
     group_ids: list[int]
     step: int
     policy_version: int
+    prompt_ids: tuple[int, ...] = ()
 
 
 class RolloutSource(Protocol):

@@ -393,3 +393,11 @@ class EpisodeSource:
         device = collector.accelerator.device
         return Sampled(prompt_ids.to(device), prompt_mask.to(device), ids.to(device), real.to(device),
                        loss.to(device), stop.to(device), logprobs.to(device), seconds)
+
+
+def episode_source(environment_factory, settings: EpisodeSettings, config: Any):
+    """The rollout source of episodes with `environment_factory`'s environments, under an on-policy config's limits
+    (the collector it is given holds the models)."""
+    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout,
+                           max_tool_calling_iterations=config.max_tool_calling_iterations)
+    return lambda collector: EpisodeSource(collector, environment_factory, limits, settings)

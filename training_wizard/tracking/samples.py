@@ -51,3 +51,21 @@ class SampleTable:
 def _number_or_none(value: float) -> float | None:
     """None for NaN, which JSON cannot hold: a reward function in TRL's form returned None (it did not score)."""
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+class PromptLog:
+    """prompts.jsonl: which dataset prompts (indices in the training set, global order) each training iteration
+    trained on, one line per iteration: {"step", "prompts", "reissued"}. `reissued`: the prompts were sampled
+    again this iteration (their batch sampled ahead was dropped as too stale). Truncated with metrics.jsonl on
+    resume, so after any number of resumes it lists the run's prompts once each, in order."""
+
+    def __init__(self, output_dir: str | Path, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(output_dir) / "prompts.jsonl"
+
+    def record(self, step: int, prompts: list[int], reissued: bool = False) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": step, "prompts": prompts, "reissued": reissued}) + "\n")

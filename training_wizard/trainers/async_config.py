@@ -5,38 +5,53 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from training_wizard.trainers.run_config import RunConfig
 
 
 class AsyncRolloutOptions(RunConfig):
-    """Rollouts sampled by weights one update older than those they train: the one-step-off-policy schedule."""
+    """Rollouts sampled ahead by older weights than those they train: the k-step-off-policy schedule."""
 
     async_rollouts: bool = Field(
-        False, description="Sample each iteration's next batch with the weights before this iteration's update "
-        "(one-step-off-policy, as veRL's one-step-off trainer and TRL's async GRPO with max_staleness = 1); the "
-        "update then trains on rows one optimizer update stale, corrected by importance weights "
-        "(docs/async.md). Deterministic for a seed. Off: the synchronous loop.")
+        False, description="Sample the batches of the next iterations while this iteration updates (as veRL's "
+        "one-step-off trainer and TRL's async GRPO): a batch is trained by weights newer than those that sampled "
+        "it, and the update corrects for the gap with importance weights (docs/async.md). Deterministic for a "
+        "seed. Off: the synchronous loop.")
     max_staleness: NonNegativeInt = Field(
-        1, description="Updates a row's sampling weights may lag the weights it trains (TRL counts weight syncs; "
-        "here each update is one). 0 gives the synchronous loop exactly; 1 is the one-step-off schedule. Larger "
-        "bounds are not built yet.")
+        1, description="Weight syncs a row's sampling weights may lag the weights it trains (TRL's unit; with "
+        "weight_sync_steps = 1 each update is one sync). Rows older than this when their iteration comes are "
+        "dropped and their prompts sampled again with the current weights. 0: the synchronous loop exactly.")
+    max_inflight_tasks: int = Field(
+        -1, description="Completions sampled ahead of the batch being trained (TRL's unit), a multiple of the "
+        "completions per iteration: the producer runs that many iterations ahead. -1: max_staleness iterations' "
+        "worth (as TRL), the most the bound keeps without dropping rows.")
+    weight_sync_steps: PositiveInt = Field(
+        1, description="Updates between two pushes of the trained weights to the producer (TRL's key). Above 1 "
+        "needs the producer thread, and staleness (in syncs) then counts pushes, not updates.")
     async_producer: Literal["thread", "inline"] = Field(
-        "thread", description="Where the batch ahead is sampled: 'thread', in a thread of its own with a copy of the "
-        "policy, while the update runs (one process, the decode loop; elsewhere 'inline' is used); 'inline', in "
-        "the training thread before the update. Both give the same numbers.")
+        "thread", description="Where the batches ahead are sampled: 'thread', in a thread of its own with a copy "
+        "of the policy, while the update runs (one process, the decode loop; elsewhere 'inline' is used); "
+        "'inline', in the training thread before the update. Both give the same numbers.")
     async_producer_timeout: PositiveFloat = Field(
         3600.0, description="Seconds the update waits for the producer's batch before the run stops with one line.")
 
     @model_validator(mode="after")
-    def _staleness_built(self) -> AsyncRolloutOptions:
-        if self.async_rollouts and self.max_staleness > 1:
-            raise ValueError(f"max_staleness = {self.max_staleness}: only 0 (synchronous) and 1 (one-step-off) are "
-                             "built yet")
+    def _async_options_agree(self) -> AsyncRolloutOptions:
+        if not self.async_rollouts:
+            return self
+        if self.max_inflight_tasks == 0 or self.max_inflight_tasks < -1:
+            raise ValueError(f"max_inflight_tasks = {self.max_inflight_tasks}: expected -1 (automatic) or a "
+                             "positive number of completions")
+        if self.max_staleness == 0 and self.max_inflight_tasks != -1:
+            raise ValueError("max_staleness = 0 is the synchronous loop, which samples nothing ahead: leave "
+                             "max_inflight_tasks at -1")
+        if self.weight_sync_steps > 1 and self.async_producer == "inline":
+            raise ValueError("weight_sync_steps above 1 keeps the producer on older weights than the trainer's: "
+                             "it needs async_producer = 'thread'")
         return self
 
     @property
-    def one_step_off(self) -> bool:
-        """Whether the next batch is sampled before the update (async_rollouts with a bound of 1)."""
+    def samples_ahead(self) -> bool:
+        """Whether batches are sampled ahead of their iteration (async_rollouts with a bound above 0)."""
         return self.async_rollouts and self.max_staleness >= 1

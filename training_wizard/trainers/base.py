@@ -17,9 +17,10 @@ schedule are set up once by trainers/setup.py; the update loop of step 7 is in t
 
 from __future__ import annotations
 
+import collections
 import math
 import time
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -32,7 +33,7 @@ from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
-from training_wizard.rollout.episodes import EpisodeLimits, EpisodeSettings, EpisodeSource, prepare_episodes
+from training_wizard.rollout.episodes import EpisodeSettings, episode_source, prepare_episodes
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.prompts import EncodedPrompts, row_seed
@@ -43,8 +44,8 @@ from training_wizard.signals import StopRequest, fault_point
 from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.reward import RewardSpec
-from training_wizard.tracking import MetricsLogger, ProgressDisplay, SampleTable
-from training_wizard.trainers.async_rollouts import async_metrics, sample_ahead, take_pending
+from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
+from training_wizard.trainers.async_rollouts import async_metrics, batches_ahead, next_rollout, sample_ahead
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
@@ -54,14 +55,15 @@ from training_wizard.trainers.step import OptimizerStep, check_accumulation, sto
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PromptBatch:
     """This process's dataset rows for one iteration, in the (group_size, prompts) layout, their seeds and group
-    ids (the prompt's slot in the iteration's global order: unique over processes)."""
+    ids (the prompt's slot in the iteration's global order: unique over processes); all processes' prompts."""
 
     rows: list[int]
     seeds: list[int]
     group_ids: list[int]
+    global_indices: list[int]
 
 
 class OnPolicyTrainer(UpdateLoop):
@@ -72,8 +74,10 @@ class OnPolicyTrainer(UpdateLoop):
     """
 
     config: OnPolicyConfig
-    pending_rollout: Any = None  # async_rollouts: the next iteration's batch (or its Future), sampled ahead
-    producer: Any = None  # async_rollouts: the thread that samples it (trainers/async_rollouts.py)
+    # async_rollouts (trainers/async_rollouts.py): the thread that samples batches ahead; set up in __init__,
+    # `batches_ahead` (iterations sampled ahead) and `pending_rollouts` (their PendingBatch, oldest first)
+    producer: Any = None
+    last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     def __init__(
         self,
@@ -114,6 +118,7 @@ class OnPolicyTrainer(UpdateLoop):
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
+        self.batches_ahead, self.pending_rollouts = batches_ahead(config, self.plan), collections.deque()
         self.reward = as_reward(EnvironmentReward() if reward_model is None and episodes else reward_model)
         self._setup_models(policy, ref_policy, additional_models or {})
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
@@ -131,10 +136,9 @@ class OnPolicyTrainer(UpdateLoop):
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
-        self.sample_every = (
-            max(1, self.plan.num_iterations // config.num_sample_generations) if config.num_sample_generations else 0
-        )
-        self.last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
+        self.prompt_log = PromptLog(config.output_dir, enabled=self.is_main)
+        events = config.num_sample_generations
+        self.sample_every = max(1, self.plan.num_iterations // events) if events else 0
 
     # ---------------------------------------------------------------------------------------------- set-up
     def _choose_rollout_source(self, rollout_source, environment_factory, episodes) -> RolloutSource:
@@ -238,14 +242,16 @@ class OnPolicyTrainer(UpdateLoop):
             progress.close()
             self.metrics.close()
             self.generation.close()
+            if self.producer is not None:  # async_rollouts: its queued batches are dropped
+                self.producer.close()
 
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
         self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score (async_rollouts: sampled ahead)
         try:
-            rollout = take_pending(self) if self.pending_rollout is not None else self.collect_rollout()
-            sample_ahead(self)  # async_rollouts: the next iteration's batch, by the weights before this update
+            rollout = next_rollout(self)  # async_rollouts: sampled ahead, or sampled again if too stale
+            sample_ahead(self)  # async_rollouts: the next iterations' batches, by the weights before this update
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
@@ -263,9 +269,9 @@ class OnPolicyTrainer(UpdateLoop):
             self._stop(stop)
         self._safe_point_after_iteration(stop)
 
-    def collect_rollout(self, iteration: int | None = None) -> TrajectoryBatch:
-        """Steps 1-5: iteration `iteration`'s request (next_request), sampled and scored with the current weights."""
-        rollout = self.rollout_source.collect(self.next_request(iteration))
+    def collect_rollout(self, iteration: int | None = None, request: RolloutRequest | None = None) -> TrajectoryBatch:
+        """Steps 1-5: `request` (default: next_request(iteration)), sampled and scored with the current weights."""
+        rollout = self.rollout_source.collect(request or self.next_request(iteration))
         fault_point("generation", self.state.iteration)
         return rollout
 
@@ -273,7 +279,8 @@ class OnPolicyTrainer(UpdateLoop):
         """The next prompts of the shared order, as the request of iteration `iteration` (default: the current)."""
         iteration = self.state.iteration if iteration is None else iteration
         prompts = self._next_prompts(iteration)
-        return self._request(self.train_prompts, prompts.rows, prompts.seeds, iteration + 1, prompts.group_ids)
+        request = self._request(self.train_prompts, prompts.rows, prompts.seeds, iteration + 1, prompts.group_ids)
+        return dataclasses.replace(request, prompt_ids=tuple(prompts.global_indices))
 
     def _next_prompts(self, iteration: int | None = None) -> PromptBatch:
         """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
@@ -290,7 +297,7 @@ class OnPolicyTrainer(UpdateLoop):
             for i in range(plan.local_prompts)
         ]
         group_ids = [first + i for _ in range(k) for i in range(plan.local_prompts)]
-        return PromptBatch(rows, seeds, group_ids)
+        return PromptBatch(rows, seeds, group_ids, global_indices)
 
     def _request(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int,
                  group_ids: list[int] | None = None) -> RolloutRequest:
@@ -386,7 +393,7 @@ class OnPolicyTrainer(UpdateLoop):
             metrics.update(self._sampling_metrics(rollout))
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
-        if self.config.one_step_off:
+        if self.config.samples_ahead:
             metrics.update(async_metrics(self, rollout))
         return metrics
 
@@ -441,10 +448,3 @@ class OnPolicyTrainer(UpdateLoop):
             "episode": self.state.episode,
         }
 
-
-def episode_source(environment_factory, settings: EpisodeSettings, config: OnPolicyConfig):
-    """The rollout source of episodes with `environment_factory`'s environments, under the config's limits (the
-    collector it is given holds the models)."""
-    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout,
-                           max_tool_calling_iterations=config.max_tool_calling_iterations)
-    return lambda collector: EpisodeSource(collector, environment_factory, limits, settings)

@@ -23,11 +23,13 @@ class RunState:
         self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
         self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
-        # async_rollouts: the prompt order's state before the batch sampled ahead for the next iteration was taken.
-        # A checkpoint saves it, so a resumed run samples that batch again rather than losing its prompts.
+        # async_rollouts: the prompt order's state before the first batch sampled ahead of its iteration was taken.
+        # A checkpoint saves it, so a resumed run samples those batches again rather than losing their prompts.
         self.order_before_pending: dict[str, Any] | None = None
-        self.pending_prompts = 0  # prompts in that batch
-        self.reissued_prompts = 0  # prompts sampled again after resumes, their first batch dropped with the stop
+        self.pending_prompts = 0  # prompts in those batches
+        # prompts sampled again: after resumes (their batches dropped with the stop) and after stale batches
+        self.reissued_prompts = 0
+        self.dropped_stale_rows = 0  # completions dropped as staler than max_staleness
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -37,14 +39,16 @@ class RunState:
             "prompt_order": self.order_before_pending or self.prompt_order.state_dict(),
             "update_generator": self.update_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
-            # a run resumed from this state samples the pending batch's prompts again
+            # a run resumed from this state samples the pending batches' prompts again
             "reissued_prompts": self.reissued_prompts + (self.pending_prompts if self.order_before_pending else 0),
+            "dropped_stale_rows": self.dropped_stale_rows,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.reissued_prompts = int(state.get("reissued_prompts", 0))
+        self.dropped_stale_rows = int(state.get("dropped_stale_rows", 0))
         self.prompt_order.load_state_dict(state["prompt_order"])
         self.update_generator.set_state(state["update_generator"])
         torch.set_rng_state(state["torch_rng"])
