@@ -151,7 +151,8 @@ def test_rows_staler_than_the_bound_are_dropped_and_their_prompts_sampled_again(
 @pytest.mark.parametrize("make, options", [
     (make_rloo_trainer, {}), (make_grpo_trainer, {}), (make_ppo_trainer, {}),
     (make_rloo_trainer, {"kl_coef": 0.1, "num_ppo_epochs": 1, "num_mini_batches": 1}),
-], ids=["rloo", "grpo", "ppo", "rloo-one-pass-kl"])
+    (make_grpo_trainer, {"max_staleness": 2}), (make_ppo_trainer, {"max_staleness": 2}),
+], ids=["rloo", "grpo", "ppo", "rloo-one-pass-kl", "grpo-bound-2", "ppo-bound-2"])
 def test_the_producer_thread_gives_the_inline_schedule_s_numbers(make, options, tokenizer, tmp_path):
     """The thread samples with a copy of the pre-update weights while the update runs; the inline schedule samples
     with the policy itself before the update: the same keys and weights, so the same run (PPO: values refreshed
