@@ -134,6 +134,8 @@ SAMPLING_FILTERS = ("training.top_k=50", "training.top_p=0.9", "training.min_p=0
 FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1")
 # ... and the compiled update: slow (each process compiles for about a minute on a 2-core machine).
 COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
+# Batches sampled two iterations ahead: by the producer thread with one process, inline with two.
+ASYNC_BOUND_2 = ("training.async_rollouts=true", "training.max_staleness=2")
 
 
 # Every case starts two processes twice (about 25-55 s on a 2-core machine): all run with -m slow, which .ci/run
@@ -149,7 +151,8 @@ COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
                           pytest.param("grpo-episodes", "false", (), id="grpo_episodes", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", FAST_PATH, id="fast_path", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", COMPILED_FAST_PATH, id="fast_path_compiled",
-                                       marks=pytest.mark.slow)])
+                                       marks=pytest.mark.slow),
+                          pytest.param("rloo", "false", ASYNC_BOUND_2, id="async_bound_2", marks=pytest.mark.slow)])
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
     if algorithm == "grpo":  # completions of different lengths, some cut off: the token counts differ by process
         tiny_model_dir = eos_prone_copy(tiny_model_dir, tmp_path / "eos-prone")
@@ -182,11 +185,20 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, to
     if algorithm == "grpo":
         keys += ["reward", "reward_std", "frac_reward_zero_std", "completions/clipped_ratio", "entropy",
                  "clip_ratio/region_mean", "policy/clipfrac_avg"]
+    if overrides == ASYNC_BOUND_2:
+        keys += ["sample/staleness_max"]
+        assert [m["sample/staleness_max"] for m in m2] == [0.0, 1.0, 2.0]
+        for r1, r2 in zip(m1[1:], m2[1:]):  # the stale batches' correction (the first batch is fresh)
+            ratio = "sampling/importance_sampling_ratio/mean"
+            assert r1[ratio] == pytest.approx(r2[ratio], abs=1e-5) and r1[ratio] != 1.0
     for r1, r2 in zip(m1, m2):
         for key in keys:
             assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
     samples = read_jsonl(tmp_path / "double" / "samples.jsonl")
     assert len(samples) == 3 * (4 + 4)  # three tables of four rows and four probe rows, from rank 0 only
+    # each iteration's prompts over both processes, written once by rank 0
+    assert read_jsonl(tmp_path / "double" / "prompts.jsonl") == read_jsonl(tmp_path / "single" / "prompts.jsonl")
+    assert [len(r["prompts"]) for r in read_jsonl(tmp_path / "double" / "prompts.jsonl")] == [4, 4, 4]
 
 
 def eos_prone_copy(model_dir, folder: Path) -> Path:
