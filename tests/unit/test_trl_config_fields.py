@@ -213,3 +213,22 @@ def test_run_name_and_project_name_the_tracker_run(tmp_path, monkeypatch):
     MetricsLogger(tmp_path / "b", default.report_to, True, default.model_dump(mode="json")).log({"a": 1.0}, step=1)
     assert (calls[0]["project"], calls[0]["name"]) == ("training-wizard", None)
 
+
+
+def test_docs_name_every_field_of_the_fixture():
+    text = (ROOT / "docs" / "trl_options.md").read_text()
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")]
+    fields = set(FIXTURE["configs"]["GRPOConfig"]) | set(FIXTURE["configs"]["RLOOConfig"])
+    assert sorted(name for name in fields if not any(f"`{name}`" in row for row in rows)) == []
+
+
+def test_a_reward_table_with_pretrained_name_alone_is_a_reward_model_in_a_recipe(recipe_folder):
+    # TRL's reward_model_path: a recipe needs no spec_class for it
+    from training_wizard.specs.reward import ModelRewardSpec
+
+    path = recipe_folder / "rm.toml"
+    path.write_text(f'recipe_class = "grpo"\noutput_dir = "{recipe_folder / "out"}"\n[model]\npretrained_name = '
+                    f'"{recipe_folder / "model"}"\n[dataset]\ndata_files = "{recipe_folder / "p.jsonl"}"\n[reward]\n'
+                    f'pretrained_name = "{recipe_folder / "model"}"\n')
+    reward = load_recipe(path).reward
+    assert type(reward) is ModelRewardSpec and reward.pretrained_name == str(recipe_folder / "model")
