@@ -148,6 +148,9 @@ def test_trl_forms_of_our_keys_mean_what_they_mean_in_trl():
     assert config.num_sample_generations == 0 and (config.run_name, config.project) == ("try-1", "mine")
     assert GRPOConfig(report_to="wandb").report_to == ["wandb"]
     assert RLOOConfig(reward_clip_range=None).reward_clip_range == 10.0  # TRL's None: nothing clipped, as ours
+    # the deprecated cap's None leaves clip_max in force, as in TRL
+    assert GRPOConfig(vllm_importance_sampling_cap=None).vllm_importance_sampling_clip_max == 3.0
+    assert GRPOConfig(vllm_importance_sampling_cap=2.0).vllm_importance_sampling_clip_max == 2.0
     assert GRPOConfig(save_strategy="steps", save_steps=7, warmup_steps=3).save_steps == 7
     assert GRPOConfig(log_completions=True).num_sample_generations == 10  # our default stays
     # our defaults where TRL's differ

@@ -38,11 +38,14 @@ def shown(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
 
 
-# Values that leave a feature off: a TRL key we have no counterpart for is accepted with one of them (it asks for
-# nothing), refused with anything else.
 def is_off(value: Any) -> bool:
-    return value is None or value is False or (not isinstance(value, bool) and value in (0, "", "no", "none")) \
-        or value == [] or value == {}
+    """Whether a value leaves a feature off (unset, false, 0, "no", "none", empty): a TRL key we have no
+    counterpart for is accepted with such a value, since it asks for nothing, and refused with any other."""
+    if value is None or isinstance(value, bool):
+        return value is not True
+    if isinstance(value, (int, float, str)):
+        return value in (0, "", "no", "none")
+    return value in ([], {})
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,9 @@ TRL_OPTIONS: dict[str, Rule] = {
         "beta", "num_iterations", "epsilon", "delta", "epsilon_high", "importance_sampling_level", "scale_rewards",
         "loss_type", "mask_truncated_completions", "top_entropy_quantile", "max_tool_calling_iterations",
         "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-        "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap", "normalize_advantages")},
+        "vllm_importance_sampling_clip_min", "normalize_advantages")},
+    # TRL's deprecated name is None unless set, leaving clip_max (3.0) in force; None must not clear our bound
+    "vllm_importance_sampling_cap": ours(translate=_unset_is_ours),
     # TRL's None clips nothing; so does our default (10 acts only on standardised scores, with normalize_reward)
     "reward_clip_range": ours(translate=_unset_is_ours),
     "model_init_kwargs": unsupported("set them in the [model] table (revision, trust_remote_code, "
