@@ -159,7 +159,7 @@ def test_trl_forms_of_our_keys_mean_what_they_mean_in_trl():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"bf16": True}, "bf16: true is not supported: mixed precision comes from the launch: accelerate launch "
+    ({"bf16": True}, "bf16: true is not supported: mixed precision comes from the launch, accelerate launch "
      "--mixed_precision bf16"),
     ({"fp16": True}, "accelerate launch --mixed_precision fp16"),
     ({"use_cpu": True}, "use_cpu: true is not supported"),
@@ -199,6 +199,7 @@ def test_cli_refuses_a_trl_key_in_one_line_naming_it_with_exit_2(recipe_folder, 
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert f"{path}: training.bf16 (line 12): true is not supported: mixed precision comes from the launch" in err
+    assert err.strip().endswith("; remove it")
 
 
 def test_run_name_and_project_name_the_tracker_run(tmp_path, monkeypatch):

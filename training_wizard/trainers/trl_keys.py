@@ -67,8 +67,8 @@ class Rule:
         if self.kind in ("ours", "top"):
             return {key: value}
         if self.kind == "unsupported":
-            raise TRLKeyError(key, f"{shown(value)} is not supported: {self.note}")
-        raise TRLKeyError(key, f"not supported: {self.note}")
+            raise TRLKeyError(key, f"{shown(value)} is not supported: {self.note}; remove it")
+        raise TRLKeyError(key, self.note)
 
 
 def ours(note: str = "", translate=None) -> Rule:
@@ -80,6 +80,7 @@ def unsupported(note: str) -> Rule:
 
 
 def refused(note: str) -> Rule:
+    """Refused whatever the value: `note` is the whole line after the key."""
     return Rule("refused", note)
 
 
@@ -155,14 +156,14 @@ def _renamed(target: str):
 
 LAUNCHER = "set it in accelerate's launch config (accelerate launch --config_file ...), which every recipe runs under"
 NO_DATALOADER = "no DataLoader here: rows come from one seeded permutation per epoch shared by every process"
-MIXED_PRECISION = ("mixed precision comes from the launch: accelerate launch --mixed_precision {0} (or [training] "
-                   'dtype = "{1}" for weights in that dtype); ours stays off by default')
+MIXED_PRECISION = ("mixed precision comes from the launch, accelerate launch --mixed_precision {0} (or [training] "
+                   'dtype = "{1}" for weights in that dtype)')
 
 TRAINING_ARGUMENTS: dict[str, Rule] = {
     "output_dir": Rule("top", "set output_dir at the top level of the recipe", _unset_is_ours),
     "seed": Rule("top", "set seed at the top level of the recipe"),
-    "resume_from_checkpoint": refused("set resume_from_checkpoint at the top level of the recipe (\"latest\" or a "
-                                      "folder), or pass it to trainer.train(resume_from_checkpoint=...)"),
+    "resume_from_checkpoint": refused("a top-level key of the recipe (\"latest\" or a folder), not one of [training]; "
+                                      "from Python, trainer.train(resume_from_checkpoint=...)"),
     "per_device_train_batch_size": ours(), "gradient_accumulation_steps": ours(), "num_train_epochs": ours(),
     "max_steps": ours(translate=_max_steps), "learning_rate": ours(), "lr_scheduler_type": ours(),
     "warmup_steps": ours(translate=_warmup_steps), "weight_decay": ours(), "adam_beta1": ours(),
@@ -263,8 +264,9 @@ TRAINING_ARGUMENTS: dict[str, Rule] = {
 }
 
 NO_HUB = "nothing is pushed to the Hub"
-NO_SAPO_VESPO = "loss_type has no sapo or vespo loss here"
+NO_SAPO_VESPO = "not supported: loss_type has no sapo or vespo loss here; remove it"
 NO_ENTROPY_BONUS = "no entropy bonus here (entropy is logged)"
+NO_REFERENCE_SYNC = "not supported: the reference stays the starting policy (no sync_ref_model); remove it"
 
 TRL_OPTIONS: dict[str, Rule] = {
     **{key: ours() for key in (
@@ -305,16 +307,16 @@ TRL_OPTIONS: dict[str, Rule] = {
     "chat_template_kwargs": unsupported("the tokenizer's chat template is applied as it is"),
     "cache_implementation": unsupported("the decode loop manages its own key/value cache"),
     "vllm_structured_outputs_regex": unsupported("no constrained decoding"),
-    "vllm_group_port": refused("training-wizard vllm-serve receives weights over HTTP, not a NCCL group; remove it"),
+    "vllm_group_port": refused("not supported: training-wizard vllm-serve receives weights over HTTP, not a NCCL "
+                               "group; remove it"),
     "sapo_temperature_neg": refused(NO_SAPO_VESPO), "sapo_temperature_pos": refused(NO_SAPO_VESPO),
     "vespo_k_pos": refused(NO_SAPO_VESPO), "vespo_lambda_pos": refused(NO_SAPO_VESPO),
     "vespo_k_neg": refused(NO_SAPO_VESPO), "vespo_lambda_neg": refused(NO_SAPO_VESPO),
     "sync_ref_model": unsupported("the reference stays the starting policy"),
-    "ref_model_mixup_alpha": refused("the reference stays the starting policy (no sync_ref_model)"),
-    "ref_model_sync_steps": refused("the reference stays the starting policy (no sync_ref_model)"),
+    "ref_model_mixup_alpha": refused(NO_REFERENCE_SYNC), "ref_model_sync_steps": refused(NO_REFERENCE_SYNC),
     "entropy_coef": unsupported(NO_ENTROPY_BONUS), "use_adaptive_entropy": unsupported(NO_ENTROPY_BONUS),
-    "entropy_coef_min": refused(NO_ENTROPY_BONUS), "entropy_coef_max": refused(NO_ENTROPY_BONUS),
-    "entropy_coef_delta": refused(NO_ENTROPY_BONUS), "entropy_target": refused(NO_ENTROPY_BONUS),
+    **{key: refused(f"not supported: {NO_ENTROPY_BONUS}; remove it")
+       for key in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
     "off_policy_mask_threshold": unsupported("no off-policy sequence masking"),
     "log_completions_hub_repo": unsupported(NO_HUB),
     "use_transformers_continuous_batching": unsupported("the decode loop drops finished rows; vLLM batches "
