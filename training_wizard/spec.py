@@ -215,6 +215,11 @@ def format_validation_error(exc: ValidationError, path: Path, override_keys: lis
     errors = exc.errors(include_url=False)
     first = errors[0]
     loc = [str(part) for part in first["loc"] if not str(part).startswith("function-")]
+    # A table's validator that refuses one of its keys (trainers/trl_keys.py) names it as `key`, with `detail`:
+    # the line then points at that key, as for a field's own error.
+    cause = (first.get("ctx") or {}).get("error")
+    if getattr(cause, "key", None) and getattr(cause, "detail", None):
+        loc, first = [*loc, cause.key], {**first, "msg": cause.detail}
     key = ".".join(loc) or "(top level)"
     where = ""
     if override_keys and key in override_keys:

@@ -1,5 +1,5 @@
-"""max_steps (TRL's count of optimizer steps) for the on-policy trainers: the run ends at the iteration that
-reaches it, and the plan's episodes are that many iterations' worth."""
+"""max_steps (TRL's count of optimizer steps). On-policy trainers: the run ends at the iteration that reaches it,
+and the plan's episodes are that many iterations' worth. SFT and reward models: exactly that many steps."""
 
 import pytest
 
@@ -40,3 +40,39 @@ def test_max_steps_rounds_up_to_whole_iterations_and_refuses_total_episodes():
     assert grpo.batch_plan(1, 100).num_iterations == 1  # TRL's names: 2 passes x 3 steps per generation
     with pytest.raises(UserError, match="set max_steps .* or total_episodes .*, not both"):
         RLOOConfig(output_dir="x", max_steps=5, total_episodes=64).batch_plan(1, 100)
+
+
+def make_sft_trainer(tokenizer, tmp_path, **options):
+    from training_wizard.testing import build_causal_lm
+    from training_wizard.trainers.config import SFTConfig
+    from training_wizard.trainers.sft import SFTTrainer, encode_sft_row
+
+    config = SFTConfig(output_dir=str(tmp_path), **options)
+    rows = [encode_sft_row({"prompt": f"Say {i}:", "completion": "a b"}, tokenizer, config) for i in range(10)]
+    return SFTTrainer(config=config, tokenizer=tokenizer, model=build_causal_lm(tokenizer), train_rows=rows)
+
+
+def make_reward_trainer(tokenizer, tmp_path, **options):
+    from training_wizard.testing import build_sequence_classifier
+    from training_wizard.trainers.config import RewardConfig
+    from training_wizard.trainers.reward_model import RewardModelTrainer, encode_pairs
+
+    config = RewardConfig(output_dir=str(tmp_path), **options)
+    pairs, _ = encode_pairs([{"prompt": f"Say {i}:", "chosen": "yes", "rejected": "no"} for i in range(10)],
+                            tokenizer, config)
+    return RewardModelTrainer(config=config, tokenizer=tokenizer, model=build_sequence_classifier(tokenizer),
+                              train_rows=pairs)
+
+
+@pytest.mark.parametrize("make", [make_sft_trainer, make_reward_trainer], ids=["sft", "reward_model"])
+def test_supervised_max_steps_runs_exactly_that_many_optimizer_steps(make, tokenizer, tmp_path):
+    # 10 rows, 4 per step (2 x 2 accumulated): 3 epochs would be 8 steps; max_steps = 5 overrides the epochs and
+    # crosses an epoch boundary
+    trainer = make(tokenizer, tmp_path, max_steps=5, num_train_epochs=3.0, per_device_train_batch_size=2,
+                   gradient_accumulation_steps=2)
+    assert trainer.plan.num_steps == 5
+    steps = count_steps(trainer)
+    trainer.train()
+    assert len(steps) == 5 and trainer.state.iteration == 5
+    # TRL's -1 (not set) leaves the epochs to decide, on the on-policy configs as in TRL
+    assert RLOOConfig(output_dir="x", max_steps=-1).max_steps is None

@@ -30,6 +30,8 @@ class MetricsLogger:
         check_trackers_installed(report_to)
         # Opened at the first record, not here: a tracker writes into output_dir when it opens (TensorBoard's event
         # file), and the run takes output_dir only after the trainer is built (run_start.py).
+        # A trainer passes its config as run_config: its run_name and project name the run in wandb and trackio.
+        run_name = run_name or (run_config or {}).get("run_name")
         self._to_open = (list(report_to or []), Path(output_dir), run_config or {}, run_name)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -98,7 +100,8 @@ class _ModuleTracker:
         import importlib
 
         self.module = importlib.import_module(module_name)
-        self.module.init(project="training-wizard", name=run_name, config=run_config)
+        project = run_config.get("project") or "training-wizard"
+        self.module.init(project=project, name=run_name, config=run_config)
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self.module.log(record, step=step)

@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from training_wizard.trainers.async_config import AsyncRolloutOptions
+from training_wizard.trainers.trl_keys import TRLKeys
 from training_wizard.trainers.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -21,18 +22,17 @@ from training_wizard.trainers.config_checks import check_sampling_settings, star
 from training_wizard.trainers.run_config import (
     DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE, RunConfig, aliases,
 )
-from training_wizard.trainers.supervised_config import (
-    RewardConfig, SequenceClassificationConfig, SFTConfig, SupervisedConfig, SupervisedPlan,
-)
+from training_wizard.trainers.supervised_config import (RewardConfig, SequenceClassificationConfig, SFTConfig,
+                                                        SupervisedConfig, SupervisedPlan)
 
-# RunConfig, BatchPlan and the supervised configs live in their own modules; importing them from here keeps working.
+# RunConfig, BatchPlan, the supervised configs live in their own modules; importing them from here keeps working.
 __all__ = [
     "DEFAULT_SEED", "OUTPUT_DIR_DESCRIPTION", "SEED_DESCRIPTION", "SEED_RANGE", "RunConfig", "OnPolicyConfig",
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
     "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
-class OnPolicyConfig(AsyncRolloutOptions):
-    """Options shared by the on-policy trainers (RLOO now, PPO next)."""
+class OnPolicyConfig(AsyncRolloutOptions, TRLKeys):
+    """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trainers/trl_keys.py."""
 
     # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")

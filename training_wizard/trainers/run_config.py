@@ -63,8 +63,13 @@ class RunConfig(Spec):
     save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
     save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="Extra trackers; metrics.jsonl is always written."
+        default_factory=list, description="Extra trackers; metrics.jsonl is always written. The RLOO, PPO and "
+        'GRPO configs also read TRL\'s forms: one name, "none" (no extra tracker).'
     )
+    run_name: str | None = Field(None, description="The run's name in wandb and trackio (TRL's run_name); default: "
+                                 "the tracker's own.")
+    project: str = Field("training-wizard", description="The wandb/trackio project the run is logged under (TRL's "
+                         'project, whose default is "huggingface").')
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
     )
