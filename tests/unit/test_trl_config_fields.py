@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from training_wizard.cli import main
@@ -159,10 +160,8 @@ def test_trl_forms_of_our_keys_mean_what_they_mean_in_trl():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"bf16": True}, "bf16: true is not supported: mixed precision comes from the launch, accelerate launch "
-     "--mixed_precision bf16"),
-    ({"fp16": True}, "accelerate launch --mixed_precision fp16"),
-    ({"use_cpu": True}, "use_cpu: true is not supported"),
+    ({"bf16": True, "fp16": True}, "bf16 and fp16 are both true: choose one mixed precision"),
+    ({"tf32": True}, "tf32: true is not supported: TF32 matmuls follow torch's setting"),
     ({"disable_dropout": False}, "disable_dropout: false is not supported (only true): dropout is always disabled"),
     ({"save_strategy": "epoch"}, 'save_strategy: "epoch" is not supported: use "steps" or "no" with save_steps'),
     ({"report_to": "all"}, 'report_to: "all" is not supported: name the trackers'),
@@ -188,7 +187,7 @@ spec_class = "training_wizard.specs.reward.FunctionRewardSpec"
 function = "os.path:join"
 [training]
 num_generations = 2
-bf16 = true
+tf32 = true
 """
 
 
@@ -198,7 +197,7 @@ def test_cli_refuses_a_trl_key_in_one_line_naming_it_with_exit_2(recipe_folder, 
     code = main([str(path), "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert f"{path}: training.bf16 (line 12): true is not supported: mixed precision comes from the launch" in err
+    assert f"{path}: training.tf32 (line 12): true is not supported: TF32 matmuls follow torch's setting" in err
     assert err.strip().endswith("; remove it")
 
 
@@ -236,3 +235,31 @@ def test_a_reward_table_with_pretrained_name_alone_is_a_reward_model_in_a_recipe
                     f'pretrained_name = "{recipe_folder / "model"}"\n')
     reward = load_recipe(path).reward
     assert type(reward) is ModelRewardSpec and reward.pretrained_name == str(recipe_folder / "model")
+
+
+def test_bf16_trains_under_accelerate_s_bf16_autocast_as_trl_s_does(tokenizer, tmp_path):
+    """bf16 = true (TRL's meaning: mixed precision, the weights kept in float32) makes the run's Accelerator; it
+    changes the update's arithmetic. accelerate allows one state per process: a second trainer asking for other
+    settings in the same process stops with one line."""
+    from accelerate.state import AcceleratorState
+
+    from tests.helpers import make_rloo_trainer
+    from training_wizard.errors import UserError
+    from training_wizard.tracking.metrics import read_metrics
+
+    options = dict(total_episodes=32, num_sample_generations=0, seed=3)
+    AcceleratorState._reset_state()
+    try:
+        mixed = make_rloo_trainer(tokenizer, tmp_path / "bf16", bf16=True, **options)
+        assert mixed.accelerator.mixed_precision == "bf16"
+        assert next(mixed.unwrapped_policy.parameters()).dtype == torch.float32
+        mixed.train()
+        with pytest.raises(UserError, match=r"^training.bf16 / fp16 / use_cpu: this process already made an "):
+            make_rloo_trainer(tokenizer, tmp_path / "other", fp16=True, **options)
+    finally:
+        AcceleratorState._reset_state()
+    plain = make_rloo_trainer(tokenizer, tmp_path / "fp32", **options)
+    assert plain.accelerator.mixed_precision == "no"
+    plain.train()
+    first, second = read_metrics(tmp_path / "bf16")[-1], read_metrics(tmp_path / "fp32")[-1]
+    assert first["loss/policy_avg"] != second["loss/policy_avg"]

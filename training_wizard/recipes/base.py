@@ -59,19 +59,20 @@ class Recipe(Spec):
     # trainer -> train_and_save (start: take output_dir or resume, write resolved_config.toml; train; save). Used by
     # the on-policy recipes (recipes/on_policy.py) and the supervised ones (recipes/sft.py, recipes/reward_model.py).
 
-    def open_run(self, gradient_accumulation_steps: int):
-        """Seed everything, make the Accelerator and check the launch came up as asked; (accelerator, console)."""
-        from accelerate import Accelerator
+    def open_run(self, config):
+        """Seed everything, make the Accelerator (`config`'s accumulation, mixed precision and device) and check
+        the launch came up as asked; (accelerator, console)."""
         from accelerate.utils import set_seed
         from rich.console import Console
 
         from training_wizard.sharding import wait_for_each_zero3_gather
+        from training_wizard.trainers.step import make_accelerator
 
         # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
         # torch starts each process from a random seed and two runs of one recipe differ.
         set_seed(self.seed)
         try:
-            accelerator = Accelerator(gradient_accumulation_steps=gradient_accumulation_steps)
+            accelerator = make_accelerator(config)
         except ImportError as exc:  # the launch asks for an engine that is not installed (e.g. DeepSpeed)
             raise UserError(f"accelerate config: {str(exc).splitlines()[0]}") from None
         check_launch(accelerator)

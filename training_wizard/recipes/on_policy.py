@@ -102,7 +102,7 @@ class OnPolicyRecipe(Recipe):
     def main(self, dry_run: bool = False) -> None:
         started = time.perf_counter()
         config = self.training_config()
-        accelerator, console = self.open_run(config.gradient_accumulation_steps)
+        accelerator, console = self.open_run(config)
         tokenizer = self.model.load_tokenizer()
         self.use_chat_template(tokenizer)
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)

@@ -69,7 +69,7 @@ class SupervisedRecipe(Recipe):
 
     def main(self, dry_run: bool = False) -> None:
         config = self.training_config()
-        accelerator, console = self.open_run(config.gradient_accumulation_steps)
+        accelerator, console = self.open_run(config)
         tokenizer = self.prepare_tokenizer(self.model.load_tokenizer(), config)
         train_rows = self.encode(self.load_rows(self.dataset, "dataset"), tokenizer, config, "dataset", console)
         plan = config.supervised_plan(accelerator.num_processes, len(train_rows))

@@ -51,7 +51,7 @@ from training_wizard.trainers.setup import as_reward, prepare_models, resolve_lo
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
-from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
+from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
 
 
@@ -106,7 +106,7 @@ class OnPolicyTrainer(UpdateLoop):
         reward_model may be None (the environment's reward is the reward)."""
         self.tokenizer = tokenizer
         episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings, reward_model is not None)
-        self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        self.accelerator = accelerator or make_accelerator(config)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
         self.config = config = config.for_processes(self.accelerator.num_processes)
         check_accumulation(self.accelerator, config.gradient_accumulation_steps)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from training_wizard.spec import Spec
 
@@ -73,3 +73,25 @@ class RunConfig(Spec):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32", description="Weight dtype the recipe loads models in (float32 on CPU)."
     )
+    # TRL's TrainingArguments names for what the launch otherwise decides (accelerate_options); off by default,
+    # where TRL turns bf16 on: float32 is the exact, portable default (docs/trl_options.md)
+    bf16: bool = Field(False, description="Mixed precision in bfloat16 (accelerate's autocast; the weights and "
+                       "optimizer stay in dtype), as TRL's bf16. Overrides accelerate launch --mixed_precision.")
+    fp16: bool = Field(False, description="Mixed precision in float16, as TRL's fp16; not with bf16.")
+    use_cpu: bool = Field(False, description="Train on the CPU even where a GPU is present (TRL's use_cpu).")
+
+    @model_validator(mode="after")
+    def _one_mixed_precision(self):
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16 and fp16 are both true: choose one mixed precision")
+        return self
+
+    def accelerate_options(self) -> dict:
+        """Accelerator keywords of a run of this config: its gradient accumulation, and TRL's bf16 / fp16 /
+        use_cpu where set (else the launch's own settings stand)."""
+        options: dict = {"gradient_accumulation_steps": self.gradient_accumulation_steps}
+        if self.bf16 or self.fp16:
+            options["mixed_precision"] = "bf16" if self.bf16 else "fp16"
+        if self.use_cpu:
+            options["cpu"] = True
+        return options

@@ -18,6 +18,21 @@ from training_wizard.errors import UserError
 from training_wizard.signals import StopRequest, TrainingInterrupted
 
 
+def make_accelerator(config):
+    """The run's Accelerator, as the config says (RunConfig.accelerate_options). accelerate keeps one state per
+    process: a second Accelerator asking for another mixed precision or device is refused in one line."""
+    from accelerate import Accelerator
+
+    try:
+        return Accelerator(**config.accelerate_options())
+    except ValueError as exc:
+        if "already been initialized" not in str(exc):
+            raise
+        raise UserError("training.bf16 / fp16 / use_cpu: this process already made an Accelerator with other "
+                        "mixed precision or device settings (accelerate allows one per process); run it in a "
+                        "process of its own") from None
+
+
 def check_accumulation(accelerator, gradient_accumulation_steps: int) -> None:
     """A caller-made Accelerator must accumulate as the config says: it divides each micro-batch loss by its own
     count, and the step boundaries, checkpoints and token counts all assume the config's."""

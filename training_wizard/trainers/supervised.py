@@ -32,7 +32,7 @@ from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.config import SupervisedConfig
 from training_wizard.trainers.setup import build_optimizer, configure_deepspeed, enable_activation_checkpointing
-from training_wizard.trainers.step import OptimizerStep, check_accumulation, stop_with_checkpoint
+from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 
 
 class SupervisedTrainer:
@@ -51,7 +51,7 @@ class SupervisedTrainer:
                  eval_rows: list | None = None, accelerator: Accelerator | None = None):
         self.config = config
         self.tokenizer = tokenizer
-        self.accelerator = accelerator or Accelerator(gradient_accumulation_steps=config.gradient_accumulation_steps)
+        self.accelerator = accelerator or make_accelerator(config)
         check_accumulation(self.accelerator, config.gradient_accumulation_steps)
         if not train_rows:
             raise UserError("dataset: no rows to train on")

@@ -176,10 +176,8 @@ TRAINING_ARGUMENTS: dict[str, Rule] = {
     "save_strategy": Rule("translated", "", _strategy("save_steps", ("steps", "no"))),
     "eval_strategy": Rule("translated", "", _strategy("eval_steps", ("steps", "no"))),
     "logging_strategy": Rule("translated", "", _strategy(None, ("steps",))),
-    "bf16": unsupported(MIXED_PRECISION.format("bf16", "bfloat16")),
-    "fp16": unsupported(MIXED_PRECISION.format("fp16", "float16")),
-    "use_cpu": unsupported("to train on the CPU, hide the GPUs (CUDA_VISIBLE_DEVICES=\"\") or use accelerate "
-                           "launch --cpu"),
+    # TRL's bf16 = None means "on where supported"; unset, ours (off: float32) stands
+    "bf16": ours(translate=_unset_is_ours), "fp16": ours(), "use_cpu": ours(),
     "optim": only(("adamw_torch", "adamw_torch_fused"), "the optimizer is torch's AdamW (adam_beta1, adam_beta2, "
                   "adam_epsilon, weight_decay)"),
     "remove_unused_columns": only((False,), "every dataset column travels to the reward"),
