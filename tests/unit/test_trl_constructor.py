@@ -235,18 +235,37 @@ REFUSED = {
     "model_init_kwargs": dict(args=WeightedGRPOConfig(model_init_kwargs={"quantization_config": {"load_in_4bit": 1}})),
     "args": dict(args=RLOOConfig()),
     "model and policy": dict(policy=torch.nn.Linear(1, 1)),
+    "reward_funcs": dict(reward_funcs=None),
 }
 
 
 @pytest.mark.parametrize("name", REFUSED)
 def test_unsupported_arguments_are_refused_in_one_line(tiny_model_dir, name):
     with pytest.raises(UserError) as raised:
-        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=reward_length, train_dataset=math_dataset(),
-                    **REFUSED[name])
+        GRPOTrainer(**{"model": str(tiny_model_dir), "reward_funcs": reward_length, "train_dataset": math_dataset(),
+                       **REFUSED[name]})
     message = str(raised.value)
     assert "\n" not in message
     expected_start = "quantization_config" if name == "model_init_kwargs" else name
     assert message.startswith(expected_start), message
+
+
+def test_environment_factory_plays_episodes_scored_by_trl_form_rewards(tiny_model_dir, tokenizer, tmp_path):
+    """TRL's environment_factory (public methods are tools, get_reward scores) with a TRL-form reward function
+    that checks it gets the episode as TRL gives it (tests/unit/test_tool_episodes.py's scripted replies)."""
+    from tests.unit.test_tool_episodes import Calculator, episode_shape, questions, scripted_replies
+    from training_wizard.rollout.episodes import EpisodeSettings
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=episode_shape, environment_factory=Calculator,
+                          train_dataset=Dataset.from_list(questions("good")),
+                          args=GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                                          max_steps=1, max_completion_length=320, num_sample_generations=0,
+                                          stop_token_ids=[end]),
+                          episode_settings=EpisodeSettings(chat_template="hermes"),
+                          generation_backend=scripted_replies(tokenizer))
+    batch = trainer.collect_rollout()
+    assert batch.components["episode_shape"] == [1.0, 1.0]
 
 
 def test_the_older_arguments_build_the_same_trainer(tokenizer, tmp_path):

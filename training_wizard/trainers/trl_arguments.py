@@ -60,6 +60,9 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     passed.update(policy=policy, tokenizer=tokenizer)
     if trl.get("reward_funcs") is not None:
         passed["reward_model"] = reward_spec(trl["reward_funcs"], trl.get("reward_processing_classes"), config)
+    elif passed.get("reward_model") is None and passed.get("environment_factory") is None and not passed.get("tools"):
+        raise UserError("reward_funcs: required (a reward function, a reward model's name, or a list of them), "
+                        "unless an environment_factory's get_reward scores the episodes")
     if passed.get("train_dataset") is None:
         raise UserError("train_dataset: required (a datasets.Dataset with a 'prompt' column, or a list of rows)")
     return passed
