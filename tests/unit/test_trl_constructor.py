@@ -278,3 +278,17 @@ def test_the_older_arguments_build_the_same_trainer(tokenizer, tmp_path):
                           train_dataset=[{"prompt": "hi"}] * 4)
     assert trainer.unwrapped_policy is policy and trainer.callback_runner is None
     assert trainer.reward.compute_reward(["hi"], ["a"]) == [1.0]  # the seed-form callable, called positionally
+
+
+def test_older_and_trl_arguments_mix_where_they_name_different_things(tokenizer, tmp_path):
+    """policy= and tokenizer= with TRL's reward_funcs and peft_config: the policy set up as TRL's model would be."""
+    from peft import LoraConfig, PeftModel
+
+    from training_wizard.testing import build_causal_lm
+
+    trainer = GRPOTrainer(config=GRPOConfig(output_dir=str(tmp_path), **SMALL_GRPO), tokenizer=tokenizer,
+                          policy=build_causal_lm(tokenizer), reward_funcs=[reward_length],
+                          peft_config=LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+                          train_dataset=math_dataset())
+    assert isinstance(trainer.unwrapped_policy, PeftModel)
+    assert list(trainer.reward.functions()) == ["reward_length"]

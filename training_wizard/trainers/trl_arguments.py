@@ -30,6 +30,8 @@ from training_wizard.trainers.config import OnPolicyConfig
 
 # The older constructor's name for each TRL argument it shares a meaning with.
 _SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "policy", "reward_funcs": "reward_model"}
+# The arguments only TRL's form has: any of them given, the model and tokenizer are set up as TRL's trainers do.
+_TRL_ONLY = ("model", "reward_funcs", "processing_class", "reward_processing_classes", "peft_config")
 # TransformerSpec fields that model_init_kwargs may set; the remaining keys go to from_pretrained as they are.
 _SPEC_KEYS = ("revision", "trust_remote_code", "attn_implementation")
 
@@ -51,12 +53,13 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     for name in ("train_dataset", "eval_dataset", "tools", "environment_factory"):
         if trl.get(name) is not None:
             passed[name] = trl[name]
-    if trl.get("model") is None:
-        if trl.get("peft_config") is not None or trl.get("reward_funcs") is not None:
-            raise UserError("model: required with peft_config and reward_funcs (TRL's arguments)")
+    if not any(trl.get(name) is not None for name in _TRL_ONLY):
         return passed  # the older arguments as they were given
-    tokenizer = trl.get("processing_class") or older.get("tokenizer")
-    policy, tokenizer = load_policy(trl["model"], tokenizer, config, trl.get("peft_config"))
+    model = trl["model"] if trl.get("model") is not None else passed.pop("policy", None)
+    if model is None:
+        raise UserError("model: required (a model folder, a cached Hub id or a model object)")
+    tokenizer = trl["processing_class"] if trl.get("processing_class") is not None else passed.get("tokenizer")
+    policy, tokenizer = load_policy(model, tokenizer, config, trl.get("peft_config"))
     passed.update(policy=policy, tokenizer=tokenizer)
     if trl.get("reward_funcs") is not None:
         passed["reward_model"] = reward_spec(trl["reward_funcs"], trl.get("reward_processing_classes"), config)
@@ -123,7 +126,9 @@ def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config:
             model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
     if peft_config is not None:
-        if hasattr(model, "peft_config"):
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
             raise UserError("peft_config: the model already has a peft adapter; merge it first (merge_and_unload) "
                             "or pass the model without peft_config")
         model = apply_peft(model, peft_config, "peft_config")
