@@ -292,3 +292,20 @@ def test_older_and_trl_arguments_mix_where_they_name_different_things(tokenizer,
                           train_dataset=math_dataset())
     assert isinstance(trainer.unwrapped_policy, PeftModel)
     assert list(trainer.reward.functions()) == ["reward_length"]
+
+
+def test_a_reward_model_object_reads_conversations_through_its_tokenizers_template(reward_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from training_wizard.specs.reward_objects import model_reward_function
+
+    classifier = AutoModelForSequenceClassification.from_pretrained(reward_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
+    function = model_reward_function(classifier, tokenizer, None, False)  # reward_processing_classes' tokenizer
+    prompt, completion = [{"role": "user", "content": "Hi"}], [{"role": "assistant", "content": "abc"}]
+    text = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    assert "<|im_start|>assistant" in text
+    with torch.no_grad():
+        expected = classifier(input_ids=torch.tensor([tokenizer(text)["input_ids"]])).logits[0, 0].item()
+    assert function(prompts=[prompt], completions=[completion]) == [pytest.approx(expected, abs=1e-5)]
+    assert function.__name__ == reward_model_dir.name
