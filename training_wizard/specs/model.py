@@ -237,16 +237,22 @@ class TransformerSpec(Spec):
         """Wrap `model` in a peft LoRA model if `lora` is set (only adapter weights trainable); else return it."""
         if self.lora is None:
             return model
-        from peft import get_peft_model
-
-        try:
-            return get_peft_model(model, self.lora.to_peft_config())
-        except ValueError as exc:  # e.g. target modules that the model does not have
-            raise UserError(f"{self._key}.lora: {_first_line(exc)}") from None
+        return apply_peft(model, self.lora.to_peft_config(), f"{self._key}.lora")
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def apply_peft(model, peft_config, key: str):
+    """`model` wrapped in a peft model of `peft_config` (only the adapter's weights trainable); `key` names the
+    setting in the one-line error a config the model cannot take gives."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, peft_config)
+    except ValueError as exc:  # e.g. target modules that the model does not have
+        raise UserError(f"{key}: {_first_line(exc)}") from None
 
 
 def parse_dtype(dtype: Any):

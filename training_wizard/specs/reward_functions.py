@@ -81,16 +81,11 @@ class RewardFunctionsSpec(RewardSpec):
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         """{logged name: function}: the function's `__name__` (TRL's name), suffixed `_2`, `_3`... on repeats."""
-        named: dict[str, Callable[..., Any]] = {}
+        functions = []
         for path in self.reward_funcs:
             fn = resolve_function(path, raising=UserError, key="reward.reward_funcs: ")
-            base = getattr(fn, "__name__", None) or path.rpartition(":")[2]
-            name, count = base, 1
-            while name in named:
-                count += 1
-                name = f"{base}_{count}"
-            named[name] = fn
-        return named
+            functions.append((getattr(fn, "__name__", None) or path.rpartition(":")[2], fn))
+        return unique_names(functions)
 
     def weights(self) -> list[float]:
         return list(self.reward_weights) if self.reward_weights is not None else [1.0] * len(self.reward_funcs)
@@ -143,6 +138,18 @@ class RewardFunctionsSpec(RewardSpec):
                       for name in functions}
         totals = weighted_totals(components, self.weights(), label or type(self).__name__, step)
         return totals, components
+
+
+def unique_names(functions: list[tuple[str, Callable[..., Any]]]) -> dict[str, Callable[..., Any]]:
+    """{logged name: function} from (name, function) pairs: a repeated name gets `_2`, `_3`... appended."""
+    named: dict[str, Callable[..., Any]] = {}
+    for base, fn in functions:
+        name, count = base, 1
+        while name in named:
+            count += 1
+            name = f"{base}_{count}"
+        named[name] = fn
+    return named
 
 
 def start(call: Callable[[list, list, dict], Any], prompts: list, completions: list, columns: dict) -> Any:

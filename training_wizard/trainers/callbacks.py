@@ -1,0 +1,145 @@
+"""transformers `TrainerCallback`s on the on-policy loop, and the other Trainer methods scripts written for TRL's
+trainers call (`save_model`, `add_callback`).
+
+A callback gets the events TRL's trainers raise where the loop has a matching point, with a real transformers
+`TrainerState` and `TrainerControl`:
+
+- `on_init_end` when the trainer is built; `on_train_begin` and `on_train_end` around `train()` (on_train_end
+  only when training finished or a callback stopped it, not after an error or a stop signal);
+- `on_step_begin` and `on_step_end` around each iteration (one rollout and its update). An iteration holds
+  `num_ppo_epochs x num_mini_batches` optimizer steps, so `state.global_step` moves by that many at once; it counts
+  optimizer steps as TRL's does and as `max_steps` does here;
+- `on_log` with `logs=` the metrics dict each time metrics are written (`metrics.jsonl`), evaluation included;
+  this comes inside the iteration, so before that iteration's `on_step_end` (transformers calls on_step_end first).
+
+`control.should_training_stop` set by a callback ends training after the current iteration; the other `control`
+flags are not read (logging, evaluation and checkpoints follow logging_steps, eval_steps and save_steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training_wizard.errors import UserError
+
+
+class StopFromCallback(Exception):
+    """Raised after an iteration whose callbacks set `control.should_training_stop`; `train()` catches it."""
+
+
+class CallbackRunner:
+    """The callbacks of one trainer, its `TrainerState` and `TrainerControl`, and the events it raises."""
+
+    def __init__(self, callbacks: list[Any] | None):
+        from transformers import TrainerCallback, TrainerControl, TrainerState
+
+        self.callbacks = []
+        for callback in callbacks or []:
+            # transformers accepts a callback class as well as an instance
+            callback = callback() if isinstance(callback, type) else callback
+            if not isinstance(callback, TrainerCallback):
+                raise UserError(f"callbacks: expected transformers TrainerCallback instances, got "
+                                f"{type(callback).__name__}")
+            self.callbacks.append(callback)
+        self.state = TrainerState()
+        self.control = TrainerControl()
+
+    def sync(self, trainer) -> None:
+        """Copy the trainer's counters into `state`: global_step in optimizer steps, epoch in passes over the
+        prompts (completions made / (rows x completions per prompt))."""
+        config, plan = trainer.config, trainer.plan
+        steps_per_iteration = config.num_ppo_epochs * config.num_mini_batches
+        state = self.state
+        state.global_step = trainer.state.iteration * steps_per_iteration
+        state.max_steps = plan.num_iterations * steps_per_iteration
+        state.epoch = trainer.state.episode / (len(trainer.train_prompts) * config.group_size())
+        state.num_train_epochs = max(1, -(-plan.total_episodes // (len(trainer.train_prompts) * config.group_size())))
+        state.logging_steps, state.save_steps = config.logging_steps, config.save_steps or 0
+        state.eval_steps = config.eval_steps or 0
+        state.train_batch_size = config.per_device_train_batch_size
+        state.is_world_process_zero = trainer.accelerator.is_main_process
+        state.is_local_process_zero = trainer.accelerator.is_local_main_process
+
+    def event(self, name: str, trainer, **kwargs: Any) -> None:
+        """Call `name` on every callback (args: the trainer's config), as transformers does: a callback that returns
+        a TrainerControl replaces the current one."""
+        self.sync(trainer)
+        for callback in self.callbacks:
+            result = getattr(callback, name)(trainer.config, self.state, self.control, model=trainer.unwrapped_policy,
+                                             processing_class=trainer.tokenizer, optimizer=trainer.optimizer,
+                                             lr_scheduler=trainer.lr_scheduler, **kwargs)
+            if result is not None:
+                self.control = result
+
+
+class CallbackMetrics:
+    """The trainer's metrics logger, which also raises `on_log` with what it writes (and records it in
+    `state.log_history` with its step, as transformers does)."""
+
+    def __init__(self, logger, runner: CallbackRunner, trainer):
+        self.logger, self.runner, self.trainer = logger, runner, trainer
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.logger.log(metrics, step)
+        self.runner.sync(self.trainer)
+        logs = {**metrics, "epoch": self.runner.state.epoch}
+        self.runner.state.log_history.append({**logs, "step": self.runner.state.global_step})
+        self.runner.event("on_log", self.trainer, logs=logs)
+
+    def close(self) -> None:
+        self.logger.close()
+
+    def __getattr__(self, name: str) -> Any:  # the logger's other attributes (path, enabled) as they are
+        return getattr(self.logger, name)
+
+
+class TRLTrainerMethods:
+    """Mixed into a trainer before OnPolicyTrainer: raises the callbacks' events around the loop's steps, and
+    adds the methods of TRL's trainers that scripts call besides train() (add_callback, save_model)."""
+
+    callback_runner: CallbackRunner | None = None
+
+    def attach_callbacks(self, callbacks: list[Any] | None) -> None:
+        """Called once the trainer is built; nothing changes when there are no callbacks."""
+        if not callbacks:
+            return
+        self.callback_runner = CallbackRunner(callbacks)
+        self.metrics = CallbackMetrics(self.metrics, self.callback_runner, self)
+        self.callback_runner.event("on_init_end", self)
+
+    def add_callback(self, callback: Any) -> None:
+        """transformers' Trainer.add_callback: one more callback (an instance or a class)."""
+        if self.callback_runner is None:
+            self.attach_callbacks([callback])
+        else:
+            self.callback_runner.callbacks += CallbackRunner([callback]).callbacks
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """transformers' Trainer.save_model: the policy (a LoRA policy's adapter) and its tokenizer, in Hugging
+        Face format, into `output_dir` (default: the config's output_dir), as a recipe saves its `model/`."""
+        from pathlib import Path
+
+        from training_wizard.recipes.final_model import save_final_model
+
+        save_final_model(self, Path(output_dir or self.config.output_dir))
+
+    def train(self, resume_from_checkpoint: str | None = None) -> None:
+        runner = self.callback_runner
+        if runner is None:
+            return super().train(resume_from_checkpoint)
+        runner.event("on_train_begin", self)
+        try:
+            super().train(resume_from_checkpoint)
+        except StopFromCallback:
+            pass  # the loop's own clean-up ran (trainers/base.py: train's finally)
+        runner.event("on_train_end", self)
+
+    def _iteration(self, stop, progress) -> None:
+        runner = self.callback_runner
+        if runner is None:
+            return super()._iteration(stop, progress)
+        runner.event("on_step_begin", self)
+        super()._iteration(stop, progress)
+        runner.event("on_step_end", self)
+        if runner.control.should_training_stop:
+            raise StopFromCallback

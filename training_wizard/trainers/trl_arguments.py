@@ -1,0 +1,180 @@
+"""TRL 1.16's trainer arguments turned into this library's, so that `GRPOTrainer(model=..., reward_funcs=...,
+args=..., train_dataset=...)` as TRL's documentation writes it builds the same trainer as the older
+`GRPOTrainer(config=..., tokenizer=..., policy=..., reward_model=..., train_dataset=...)`: the trainers call
+`trainer_arguments` first and their one constructor path with what it returns (docs/porting_from_trl.md).
+
+TRL's arguments and what they become:
+- `model`: a folder or cached Hub id, loaded as the `[model]` table loads one (TransformerSpec, safetensors, never
+  downloaded) with `args.model_init_kwargs` (dtype, revision, trust_remote_code, attn_implementation, the rest to
+  from_pretrained), or a model object; `peft_config` wraps it in a peft adapter as `[model] lora` does;
+- `processing_class`: the tokenizer (default: the model's, left-padded, with a pad token distinct from EOS as the
+  `[model]` table loads it); a given tokenizer without a pad token pads with EOS, as TRL's trainers do;
+- `reward_funcs`, `reward_processing_classes`, `args.reward_weights`: one RewardObjectsSpec (specs/reward_objects.py);
+- `args`: the config (default: the config class's defaults with output_dir "<model name>-GRPO" / "-RLOO", as TRL);
+- `callbacks`: transformers TrainerCallbacks (trainers/callbacks.py); `tools`, `environment_factory`: episodes
+  (rollout/episodes.py), as the older constructor takes them.
+
+Refused with one line each: `optimizers` (the optimizer is AdamW set up from the config with the models,
+accelerate and DeepSpeed), `quantization_config` (also inside model_init_kwargs), `rollout_func`, and an
+`eval_dataset` mapping of several datasets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from training_wizard.errors import UserError
+from training_wizard.trainers.config import OnPolicyConfig
+
+# The older constructor's name for each TRL argument it shares a meaning with.
+_SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "policy", "reward_funcs": "reward_model"}
+# The arguments only TRL's form has: any of them given, the model and tokenizer are set up as TRL's trainers do.
+_TRL_ONLY = ("model", "reward_funcs", "processing_class", "reward_processing_classes", "peft_config")
+# TransformerSpec fields that model_init_kwargs may set; the remaining keys go to from_pretrained as they are.
+_SPEC_KEYS = ("revision", "trust_remote_code", "attn_implementation")
+
+
+def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict[str, Any],
+                      older: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `OnPolicyTrainer.__init__` (plus `callbacks`) from TRL's arguments `trl` and the
+    older ones `older` (config, tokenizer, policy, reward_model, ...); a name given both ways is refused."""
+    refuse_unsupported(trl)
+    for new, old in _SAME_ROLE.items():
+        if trl.get(new) is not None and older.get(old) is not None:
+            raise UserError(f"{new} and {old}: the same argument under TRL's name and the older one; pass one")
+    if isinstance(trl.get("model"), OnPolicyConfig):
+        raise UserError("model: got a config; pass it as args= (TRL's name) or config=")
+    config = trl.get("args") or older.pop("config", None) or default_config(config_class, suffix, trl.get("model"))
+    if not isinstance(config, config_class):
+        raise UserError(f"args: expected a {config_class.__name__}, got {type(config).__name__}")
+    passed = {**older, "config": config, "callbacks": trl.get("callbacks")}
+    for name in ("train_dataset", "eval_dataset", "tools", "environment_factory"):
+        if trl.get(name) is not None:
+            passed[name] = trl[name]
+    if not any(trl.get(name) is not None for name in _TRL_ONLY):
+        return passed  # the older arguments as they were given
+    model = trl["model"] if trl.get("model") is not None else passed.pop("policy", None)
+    if model is None:
+        raise UserError("model: required (a model folder, a cached Hub id or a model object)")
+    tokenizer = trl["processing_class"] if trl.get("processing_class") is not None else passed.get("tokenizer")
+    policy, tokenizer = load_policy(model, tokenizer, config, trl.get("peft_config"))
+    passed.update(policy=policy, tokenizer=tokenizer)
+    if trl.get("reward_funcs") is not None:
+        passed["reward_model"] = reward_spec(trl["reward_funcs"], trl.get("reward_processing_classes"), config)
+    elif passed.get("reward_model") is None and passed.get("environment_factory") is None and not passed.get("tools"):
+        raise UserError("reward_funcs: required (a reward function, a reward model's name, or a list of them), "
+                        "unless an environment_factory's get_reward scores the episodes")
+    if passed.get("train_dataset") is None:
+        raise UserError("train_dataset: required (a datasets.Dataset with a 'prompt' column, or a list of rows)")
+    return passed
+
+
+def refuse_unsupported(trl: dict[str, Any]) -> None:
+    """One line for each TRL argument with no counterpart here, naming what to use instead."""
+    if any(part is not None for part in trl.get("optimizers") or ()):
+        raise UserError("optimizers: not supported; the optimizer is AdamW made from args (learning_rate, "
+                        "adam_beta1, adam_beta2, adam_epsilon, weight_decay) and the schedule from lr_scheduler_type, "
+                        "warmup_steps and warmup_ratio: set those instead")
+    if trl.get("quantization_config") is not None:
+        raise UserError("quantization_config: quantized models are not supported; load the model in bfloat16 "
+                        "(model_init_kwargs={'dtype': 'bfloat16'}) and train a LoRA adapter (peft_config)")
+    if trl.get("rollout_func") is not None:
+        raise UserError("rollout_func: not supported; use environment_factory or tools for multi-turn episodes "
+                        "(docs/environments.md), or rollout_source= (a RolloutSource) for a rollout of your own")
+    if isinstance(trl.get("eval_dataset"), dict):
+        raise UserError("eval_dataset: a mapping of several datasets is not supported; pass one datasets.Dataset")
+
+
+def default_config(config_class: type[OnPolicyConfig], suffix: str, model: Any) -> OnPolicyConfig:
+    """TRL's default args: the config's defaults, output_dir named after the model ("<base name>-GRPO")."""
+    name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "name_or_path", "") or "model"
+    return config_class(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-{suffix}")
+
+
+def model_init_kwargs(config: OnPolicyConfig) -> dict[str, Any]:
+    """args.model_init_kwargs (a copy), None as {}; quantization_config refused."""
+    kwargs = dict(getattr(config, "model_init_kwargs", None) or {})
+    if kwargs.get("quantization_config") is not None:
+        refuse_unsupported({"quantization_config": kwargs["quantization_config"]})
+    return kwargs
+
+
+def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config: Any) -> tuple[Any, Any]:
+    """(policy, tokenizer): `model` loaded if it is a name, the tokenizer loaded if none is given, `peft_config`
+    applied."""
+    from training_wizard.specs.model import TransformerSpec, apply_peft
+
+    kwargs = model_init_kwargs(config)
+    if isinstance(model, str):
+        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None)) or config.dtype
+        fields = {key: kwargs.pop(key) for key in _SPEC_KEYS if key in kwargs}
+        fields.setdefault("trust_remote_code", getattr(config, "trust_remote_code", False))
+        kwargs.pop("device_map", None)  # accelerate places the model
+        spec = TransformerSpec(pretrained_name=model, from_pretrained_kwargs=kwargs, **fields)
+        tokenizer = padded(tokenizer) if tokenizer is not None else spec.load_tokenizer()
+        model = spec.load_causal_lm(checkpoint_dtype(spec) if dtype == "auto" else dtype, tokenizer)
+    else:
+        if tokenizer is None:
+            name = getattr(model.config, "name_or_path", None)
+            if not name:
+                raise UserError("processing_class: required with a model object that names no folder")
+            tokenizer = TransformerSpec(pretrained_name=name).load_tokenizer()
+        tokenizer = padded(tokenizer)
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # a pad token was added
+            model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if peft_config is not None:
+        from peft import PeftModel
+
+        if isinstance(model, PeftModel):
+            raise UserError("peft_config: the model already has a peft adapter; merge it first (merge_and_unload) "
+                            "or pass the model without peft_config")
+        model = apply_peft(model, peft_config, "peft_config")
+    return model, tokenizer
+
+
+def padded(tokenizer: Any) -> Any:
+    """A given tokenizer: without a pad token it pads with EOS, as TRL's trainers set it."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def checkpoint_dtype(spec) -> str:
+    """dtype "auto": the dtype the checkpoint's config.json records (float32 when it records none)."""
+    config = json.loads((Path(spec.resolved_path()) / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
+def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConfig):
+    """One RewardObjectsSpec of TRL's reward_funcs (functions, reward model names, reward model objects), weighted
+    by args.reward_weights, the reward models read with their reward_processing_classes."""
+    from training_wizard.specs.reward_objects import RewardObjectsSpec, model_reward_function
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise UserError("reward_funcs: empty; give at least one reward function or reward model")
+    tokenizers = processing_classes if isinstance(processing_classes, (list, tuple)) else [processing_classes] * (
+        len(funcs) if processing_classes is None else 1)
+    if len(tokenizers) != len(funcs):
+        raise UserError(f"reward_processing_classes: {len(tokenizers)} given for {len(funcs)} reward_funcs "
+                        "(one per reward function, None for a function)")
+    kwargs = model_init_kwargs(config)
+    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+    dtype = None if dtype in (None, "auto") else str(dtype).removeprefix("torch.")
+    trust = bool(kwargs.get("trust_remote_code", getattr(config, "trust_remote_code", False)))
+    functions = [model_reward_function(fn, tokenizer, dtype, trust) if isinstance(fn, str) or is_model(fn) else fn
+                 for fn, tokenizer in zip(funcs, tokenizers)]
+    weights = getattr(config, "reward_weights", None)
+    try:
+        return RewardObjectsSpec(reward_funcs=functions, reward_weights=weights)
+    except ValueError as exc:  # pydantic's ValidationError: one line of it
+        raise UserError(f"reward_funcs: {' '.join(str(exc).splitlines()[1:3])}") from None
+
+
+def is_model(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Module)
