@@ -133,7 +133,10 @@ def test_each_trl_field_in_a_recipe_is_accepted_or_one_line_naming_it(config, na
         message = str(exc)
         assert "\n" not in message
         assert f"training.{name}" in message or f"set {name} at the top level" in message, message
-        assert outcome(config, name, value) is not None or name in ("output_dir", "seed")
+        # the run's folder and seed are top-level keys; the Python constructor's arguments are the model and reward
+        # tables' in a recipe
+        python_only = ("output_dir", "seed", "model_init_kwargs", "reward_weights")
+        assert outcome(config, name, value) is not None or name in python_only
     else:
         assert outcome(config, name, value) is None  # the keyword and the recipe agree
 
@@ -167,7 +170,6 @@ def test_trl_forms_of_our_keys_mean_what_they_mean_in_trl():
     ({"report_to": "all"}, 'report_to: "all" is not supported: name the trackers'),
     ({"save_strategy": "no", "save_steps": 5}, 'save_strategy = "no" means save_steps = unset, but save_steps is 5'),
     ({"log_completions": False, "num_sample_generations": 3}, "means num_sample_generations = 0"),
-    ({"model_init_kwargs": {"dtype": "bfloat16"}}, "set them in the [model] table"),
     ({"num_completions_to_print": 2}, "num_completions_to_print: 2 is not supported"),
 ])
 def test_refusals_name_the_key_and_what_to_use_instead(options, message):
@@ -263,3 +265,11 @@ def test_bf16_trains_under_accelerate_s_bf16_autocast_as_trl_s_does(tokenizer, t
     plain.train()
     first, second = read_metrics(tmp_path / "bf16")[-1], read_metrics(tmp_path / "fp32")[-1]
     assert first["loss/policy_avg"] != second["loss/policy_avg"]
+
+
+def test_the_python_constructor_s_config_keys_point_a_recipe_to_its_tables(recipe_folder):
+    with pytest.raises(UserError, match=r"training.model_init_kwargs: a recipe sets these in \[model\]"):
+        load_training(recipe_folder, "grpo", {"model_init_kwargs": {"dtype": "bfloat16"}})
+    with pytest.raises(UserError, match=r"training.reward_weights: a recipe sets these in \[reward\] reward_weights"):
+        load_training(recipe_folder, "rloo", {"reward_weights": [1.0, 0.5]})
+    assert load_training(recipe_folder, "grpo", {"model_init_kwargs": None}).model_init_kwargs is None

@@ -173,14 +173,6 @@ def test_peft_config_trains_a_lora_adapter_against_the_base(tiny_model_dir, tmp_
     assert any(not torch.equal(before[n], after[n]) for n in trainable if "lora_B" in n)  # B starts at zero
 
 
-class WeightedGRPOConfig(GRPOConfig):
-    """GRPOConfig with TRL's reward_weights and model_init_kwargs fields, which the trainer reads when the config
-    has them."""
-
-    reward_weights: list[float] | None = None
-    model_init_kwargs: dict | None = None
-
-
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory):
     from training_wizard.testing import build_tokenizer
@@ -194,7 +186,7 @@ def reward_model_dir(tmp_path_factory):
 
 def test_reward_funcs_mix_a_function_and_a_reward_model_with_weights(tiny_model_dir, reward_model_dir, tmp_path):
     dataset = Dataset.from_list([{"prompt": f"Say something {i}."} for i in range(4)])
-    config = WeightedGRPOConfig(output_dir=str(tmp_path), reward_weights=[1.0, 2.0],
+    config = GRPOConfig(output_dir=str(tmp_path), reward_weights=[1.0, 2.0],
                                 **{**SMALL_GRPO, "max_steps": 1})
     trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[reward_length, str(reward_model_dir)],
                           args=config, train_dataset=dataset)
@@ -221,7 +213,7 @@ def test_model_object_and_model_init_kwargs(tiny_model_dir, tmp_path):
     trainer = GRPOTrainer(model=model, reward_funcs=reward_length, train_dataset=math_dataset(),
                           args=GRPOConfig(output_dir=str(tmp_path), **SMALL_GRPO))
     assert trainer.unwrapped_policy is model and trainer.tokenizer.pad_token_id is not None
-    config = WeightedGRPOConfig(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, **SMALL_GRPO)
+    config = GRPOConfig(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16"}, **SMALL_GRPO)
     trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=reward_length, train_dataset=math_dataset(),
                           args=config)
     assert {p.dtype for p in trainer.unwrapped_policy.parameters()} == {torch.bfloat16}
@@ -232,7 +224,7 @@ REFUSED = {
     "quantization_config": dict(quantization_config=object()),
     "rollout_func": dict(rollout_func=lambda prompts, trainer: {}),
     "eval_dataset": dict(eval_dataset={"a": [{"prompt": "x"}]}),
-    "model_init_kwargs": dict(args=WeightedGRPOConfig(model_init_kwargs={"quantization_config": {"load_in_4bit": 1}})),
+    "model_init_kwargs": dict(args=GRPOConfig(model_init_kwargs={"quantization_config": {"load_in_4bit": 1}})),
     "args": dict(args=RLOOConfig()),
     "model and policy": dict(policy=torch.nn.Linear(1, 1)),
     "reward_funcs": dict(reward_funcs=None),

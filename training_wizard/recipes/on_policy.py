@@ -66,6 +66,12 @@ class OnPolicyRecipe(Recipe):
     def _something_scores(self) -> OnPolicyRecipe:
         if self.reward is None and self.environment is None:
             raise ValueError("reward: required (a [reward] table), unless an [environment] scores the episodes")
+        # TRL's constructor arguments that only the Python API reads (trainers/trl_arguments.py)
+        for key, table in (("model_init_kwargs", "[model] (revision, trust_remote_code, attn_implementation, "
+                                                 "from_pretrained_kwargs) and [training] dtype"),
+                           ("reward_weights", "[reward] reward_weights, beside reward_funcs")):
+            if getattr(self.training, key, None) is not None:
+                raise ValueError(f"training.{key}: a recipe sets these in {table}")
         return self
 
     def environment_factory(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from training_wizard.trainers.run_config import RunConfig
 
@@ -156,8 +156,6 @@ def _renamed(target: str):
 
 LAUNCHER = "set it in accelerate's launch config (accelerate launch --config_file ...), which every recipe runs under"
 NO_DATALOADER = "no DataLoader here: rows come from one seeded permutation per epoch shared by every process"
-MIXED_PRECISION = ("mixed precision comes from the launch, accelerate launch --mixed_precision {0} (or [training] "
-                   'dtype = "{1}" for weights in that dtype)')
 
 TRAINING_ARGUMENTS: dict[str, Rule] = {
     "output_dir": Rule("top", "set output_dir at the top level of the recipe", _unset_is_ours),
@@ -280,10 +278,8 @@ TRL_OPTIONS: dict[str, Rule] = {
     "vllm_importance_sampling_cap": ours(translate=_unset_is_ours),
     # TRL's None clips nothing; so does our default (10 acts only on standardised scores, with normalize_reward)
     "reward_clip_range": ours(translate=_unset_is_ours),
-    "model_init_kwargs": unsupported("set them in the [model] table (revision, trust_remote_code, "
-                                     "attn_implementation, from_pretrained_kwargs) and [training] dtype"),
+    "model_init_kwargs": ours(), "reward_weights": ours(),
     "trust_remote_code": unsupported("set [model] trust_remote_code = true"),
-    "reward_weights": unsupported("set [reward] reward_weights, beside reward_funcs"),
     "disable_dropout": only((True,), "dropout is always disabled in policy, reference and reward model"),
     "shuffle_dataset": only((True,), "prompts are always shuffled (one seeded permutation per epoch)"),
     "pad_to_multiple_of": only((None, "auto"), "batches are cut to their content; no Neuron support"),
@@ -359,6 +355,16 @@ def read_trl_keys(config_class, data: dict[str, Any]) -> dict[str, Any]:
 
 class TRLKeys(RunConfig):
     """Mixed into a config, it reads TRL's keys through `TRL_KEYS` before validation."""
+
+    # Read by the Python constructor when it loads the model and reward functions itself (trainers/trl_arguments.py,
+    # TRL's form); a recipe refuses them (recipes/on_policy.py): its [model] and [reward] tables say the same.
+    model_init_kwargs: dict[str, Any] | None = Field(
+        None, description="TRL's keywords for loading the model named by the Python constructor's model= (dtype, "
+        "revision, trust_remote_code, attn_implementation; the rest to from_pretrained). Python API only: a "
+        "recipe uses its [model] table.")
+    reward_weights: list[float] | None = Field(
+        None, description="TRL's weights of the Python constructor's reward_funcs, one each (default: 1 each). "
+        "Python API only: a recipe sets [reward] reward_weights.")
 
     @model_validator(mode="before")
     @classmethod
