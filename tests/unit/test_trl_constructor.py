@@ -301,3 +301,68 @@ def test_a_reward_model_object_reads_conversations_through_its_tokenizers_templa
         expected = classifier(input_ids=torch.tensor([tokenizer(text)["input_ids"]])).logits[0, 0].item()
     assert function(prompts=[prompt], completions=[completion]) == [pytest.approx(expected, abs=1e-5)]
     assert function.__name__ == reward_model_dir.name
+
+
+QUICK_START_RECIPES = {
+    "grpo": """recipe_class = "grpo"
+output_dir = "{out}"
+
+[model]
+pretrained_name = "{model}"      # "Qwen/Qwen2.5-0.5B-Instruct"
+
+[dataset]
+data_files = "{data}"            # trl-lib/DeepMath-103K's columns: prompt (conversational), solution
+
+[reward]
+reward_funcs = ["training_wizard.rewards:accuracy_reward"]
+
+[training]
+max_steps = 2
+per_device_train_batch_size = 4
+num_generations = 4
+max_completion_length = 6
+num_sample_generations = 0
+""",
+    "rloo": """recipe_class = "rloo"
+output_dir = "{out}"
+
+[model]
+pretrained_name = "{model}"      # "Qwen/Qwen2-0.5B-Instruct"
+
+[dataset]
+data_files = "{data}"
+
+[reward]
+reward_funcs = ["tests.unit.test_trl_constructor:reward_num_unique_letters"]
+
+[training]
+max_steps = 8
+per_device_train_batch_size = 4
+max_completion_length = 6
+num_sample_generations = 0
+""",
+}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_the_quick_starts_as_recipes(algorithm, tiny_model_dir, tmp_path):
+    """The same two quick starts as TOML recipes run by the CLI: the reward functions named in [reward], TRL's
+    config keys in [training]; the same metrics as the Python scripts log."""
+    import json
+
+    from training_wizard.cli import main
+
+    data = tmp_path / "data.jsonl"
+    rows = math_dataset() if algorithm == "grpo" else [
+        {"prompt": [{"role": "user", "content": f"Describe a {word}."}]} for word in ["cat", "tree", "boat", "moon"]]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = tmp_path / "quick_start.toml"
+    recipe.write_text(QUICK_START_RECIPES[algorithm].format(out=tmp_path / "out", model=tiny_model_dir, data=data))
+    assert main([str(recipe)]) == 0
+    records = read_metrics(tmp_path / "out")
+    assert len(records) == 2  # max_steps: 2 iterations (GRPO: 1 optimizer step each; RLOO: 4 each)
+    if algorithm == "grpo":
+        assert [r["rewards/accuracy_reward"] for r in records] == [0.0, 0.0]
+    else:
+        assert all(r["rewards/reward_num_unique_letters"] >= 1.0 for r in records)
+    assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
