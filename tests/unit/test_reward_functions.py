@@ -121,7 +121,8 @@ def test_a_reward_table_with_pretrained_name_alone_is_a_reward_model():
 
 @pytest.mark.parametrize("keys, expected", [
     ({"reward_funcs": [f"{MODULE}:recorder", f"{MODULE}:nope"]}, "reward_funcs[1]: 'tw_trl_rewards:nope' could not"),
-    ({"reward_funcs": ["no_colon"]}, "reward_funcs[0]: 'no_colon' is not of the form"),
+    ({"reward_funcs": ["no_colon"]},
+     "reward_funcs[0]: 'no_colon' is neither 'package.module:function' nor a reward model"),
     ({"reward_funcs": [f"{MODULE}:recorder"], "reward_weights": [1.0, 2.0]},
      "reward_weights: 2 weights for 1 reward_funcs"),
     ({"reward_funcs": []}, "reward_funcs"),

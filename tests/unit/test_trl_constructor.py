@@ -366,3 +366,30 @@ def test_the_quick_starts_as_recipes(algorithm, tiny_model_dir, tmp_path):
     else:
         assert all(r["rewards/reward_num_unique_letters"] >= 1.0 for r in records)
     assert (tmp_path / "out" / "model" / "model.safetensors").is_file()
+
+
+def test_a_recipe_s_reward_funcs_may_name_reward_models(tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    """As TRL's reward_funcs list takes a model id: an entry without ':' is a reward model folder, weighed and
+    logged beside the functions; a name that is neither stops --dry-run with one line."""
+    import json
+
+    from training_wizard.cli import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say something {i}."}) + "\n" for i in range(4)))
+    text = QUICK_START_RECIPES["grpo"].format(out=tmp_path / "out", model=tiny_model_dir, data=data)
+    text = text.replace('reward_funcs = ["training_wizard.rewards:accuracy_reward"]',
+                        f'reward_funcs = ["tests.unit.test_trl_constructor:reward_length", "{reward_model_dir}"]\n'
+                        "reward_weights = [1.0, 2.0]").replace("max_steps = 2", "max_steps = 1")
+    recipe = tmp_path / "rm.toml"
+    recipe.write_text(text)
+    assert main([str(recipe)]) == 0
+    record = read_metrics(tmp_path / "out")[0]
+    by_model = record[f"rewards/{reward_model_dir.name}"]
+    assert by_model != 0.0
+    assert record["objective/scores"] == pytest.approx(record["rewards/reward_length"] + 2.0 * by_model, abs=1e-5)
+    recipe.write_text(text.replace(str(reward_model_dir), str(tmp_path / "no-such-model")))
+    capsys.readouterr()
+    assert main([str(recipe), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is neither 'package.module:function' nor a reward model folder" in err

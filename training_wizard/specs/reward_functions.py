@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.timeouts import note_doing, on_abandon
@@ -56,18 +56,24 @@ class RewardFunctionsSpec(RewardSpec):
 
     reward_funcs: list[str] = Field(
         min_length=1, description="Import paths of the reward functions, 'package.module:function' each; each is "
-        "called TRL-style by keyword (prompts, completions, completion_ids, trainer_state, row columns)."
+        "called TRL-style by keyword (prompts, completions, completion_ids, trainer_state, row columns). An entry "
+        "without ':' names a reward model instead (a folder or a cached Hub id, as TRL accepts a model id): it "
+        "scores prompt + completion and is logged under the folder's name."
     )
     reward_weights: list[float] | None = Field(
         None, description="One weight per function, in the order of reward_funcs; default: 1.0 each."
     )
+    _models: dict[str, Any] = PrivateAttr(default_factory=dict)  # the reward models named, loaded once
 
     @field_validator("reward_funcs")
     @classmethod
     def _importable_now(cls, paths: list[str]) -> list[str]:
         """Import every function when the recipe loads, so --dry-run catches a typo before any model loads."""
         for index, path in enumerate(paths):
-            resolve_function(path, raising=ValueError, key=f"reward_funcs[{index}]: ")
+            if names_a_model(path):
+                check_model_exists(path, f"reward_funcs[{index}]")
+            else:
+                resolve_function(path, raising=ValueError, key=f"reward_funcs[{index}]: ")
         return paths
 
     @model_validator(mode="after")
@@ -83,7 +89,10 @@ class RewardFunctionsSpec(RewardSpec):
         """{logged name: function}: the function's `__name__` (TRL's name), suffixed `_2`, `_3`... on repeats."""
         functions = []
         for path in self.reward_funcs:
-            fn = resolve_function(path, raising=UserError, key="reward.reward_funcs: ")
+            if names_a_model(path):
+                fn = self._models.get(path) or self._models.setdefault(path, loaded_reward_model(path))
+            else:
+                fn = resolve_function(path, raising=UserError, key="reward.reward_funcs: ")
             functions.append((getattr(fn, "__name__", None) or path.rpartition(":")[2], fn))
         return unique_names(functions)
 
@@ -259,3 +268,35 @@ def weighted_totals(components: dict[str, list[float]], weights: list[float], la
                               "(at least one must score each completion)")
         totals.append(sum(w * value for w, value in scored))
     return totals
+
+
+def names_a_model(entry: str) -> bool:
+    """A reward_funcs entry without ':' names a reward model (import paths are 'package.module:function')."""
+    return ":" not in entry
+
+
+def check_model_exists(name: str, key: str) -> None:
+    """The reward model is a folder, or a Hub id already in the local cache (nothing is downloaded)."""
+    from pathlib import Path
+
+    from huggingface_hub import try_to_load_from_cache
+
+    from training_wizard.spec import resolve_path
+
+    if Path(resolve_path(name)).is_dir():
+        return
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except ValueError:  # not a valid Hub id either (huggingface_hub's HFValidationError)
+        pass
+    raise ValueError(f"{key}: '{name}' is neither 'package.module:function' nor a reward model folder or cached "
+                     "Hub id")
+
+
+def loaded_reward_model(name: str) -> Callable[..., Any]:
+    """A reward model named in reward_funcs, as a TRL-form function (specs/reward_objects.py), in float32."""
+    from training_wizard.specs.reward import _model_path
+    from training_wizard.specs.reward_objects import model_reward_function
+
+    return model_reward_function(_model_path(name), None, None, False)
