@@ -289,7 +289,7 @@ def test_older_and_trl_arguments_mix_where_they_name_different_things(tokenizer,
 def test_a_reward_model_object_reads_conversations_through_its_tokenizers_template(reward_model_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from training_wizard.specs.reward_objects import model_reward_function
+    from training_wizard.specs.reward_model_function import model_reward_function
 
     classifier = AutoModelForSequenceClassification.from_pretrained(reward_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)

@@ -296,7 +296,10 @@ def check_model_exists(name: str, key: str) -> None:
 
 def loaded_reward_model(name: str) -> Callable[..., Any]:
     """A reward model named in reward_funcs, as a TRL-form function (specs/reward_objects.py), in float32."""
-    from training_wizard.specs.reward import _model_path
-    from training_wizard.specs.reward_objects import model_reward_function
+    from pathlib import Path
 
-    return model_reward_function(_model_path(name), None, None, False)
+    from training_wizard.spec import resolve_path
+    from training_wizard.specs.reward_model_function import model_reward_function
+
+    folder = resolve_path(name)
+    return model_reward_function(str(folder) if Path(folder).exists() else name, None, None, False)

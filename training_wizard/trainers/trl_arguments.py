@@ -151,7 +151,8 @@ def checkpoint_dtype(spec) -> str:
 def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConfig):
     """One RewardObjectsSpec of TRL's reward_funcs (functions, reward model names, reward model objects), weighted
     by args.reward_weights, the reward models read with their reward_processing_classes."""
-    from training_wizard.specs.reward_objects import RewardObjectsSpec, model_reward_function
+    from training_wizard.specs.reward_model_function import model_reward_function
+    from training_wizard.specs.reward_objects import RewardObjectsSpec
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
