@@ -295,7 +295,7 @@ def check_model_exists(name: str, key: str) -> None:
 
 
 def loaded_reward_model(name: str) -> Callable[..., Any]:
-    """A reward model named in reward_funcs, as a TRL-form function (specs/reward_objects.py), in float32."""
+    """A reward model named in reward_funcs, as a TRL-form function (specs/reward_model_function.py), in float32."""
     from pathlib import Path
 
     from training_wizard.spec import resolve_path
