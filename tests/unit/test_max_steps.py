@@ -76,3 +76,13 @@ def test_supervised_max_steps_runs_exactly_that_many_optimizer_steps(make, token
     assert len(steps) == 5 and trainer.state.iteration == 5
     # TRL's -1 (not set) leaves the epochs to decide, on the on-policy configs as in TRL
     assert RLOOConfig(output_dir="x", max_steps=-1).max_steps is None
+
+
+def test_num_train_epochs_counts_passes_over_the_prompts_as_trl_does():
+    """Without total_episodes or max_steps: each epoch gives every prompt its group of completions (TRL 1.x)."""
+    rloo = RLOOConfig(output_dir="x", rloo_k=2, per_device_train_batch_size=4, num_train_epochs=2.0)
+    plan = rloo.batch_plan(1, 6)
+    assert plan.total_episodes == 2 * 6 * 2 and plan.num_iterations * plan.prompts_per_iteration == 12
+    grpo = GRPOConfig(output_dir="x", num_generations=4, per_device_train_batch_size=4, num_train_epochs=1.0)
+    assert grpo.batch_plan(1, 5).num_iterations == 5  # one prompt per iteration, each prompt once
+    assert PPOConfig(output_dir="x", per_device_train_batch_size=3).batch_plan(1, 6).num_iterations == 2

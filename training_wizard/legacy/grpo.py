@@ -41,7 +41,9 @@ def _grpo_same() -> set[str]:
         names.add(name)
         if isinstance(info.validation_alias, AliasChoices):
             names.update(a for a in info.validation_alias.choices if isinstance(a, str))
-    return names - {"report_to", "output_dir", "seed"}
+    # bf16 / fp16 kept their 1.0 translation (the weights' dtype), so a 1.0 recipe trains as it did; the Python
+    # constructor's model_init_kwargs and reward_weights have [model] and [reward] counterparts in a recipe
+    return names - {"report_to", "output_dir", "seed", "bf16", "fp16", "model_init_kwargs", "reward_weights"}
 
 
 def translate_grpo(data: dict[str, Any], path: Path | str, out: Translation) -> Translation:

@@ -8,6 +8,7 @@ All counts are of *completions* unless named otherwise:
     micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
     local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
     prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
+    total_episodes     = given, or num_train_epochs x dataset rows x rloo_k (passes over the prompts, TRL 1.x's)
     iterations         = ceil(total_episodes / batch_size), or with max_steps (optimizer steps, TRL's):
                          ceil(max_steps / (num_ppo_epochs * num_mini_batches)), total_episodes = iterations * batch_size
 
@@ -109,7 +110,8 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
     if total is None:
         if dataset_rows is None:
             raise UserError("training: total_episodes is required when the dataset size is unknown")
-        total = max(1, int(config.num_train_epochs * dataset_rows))
+        # passes over the prompts, as TRL 1.x counts epochs: each prompt gets its group's completions
+        total = max(1, int(config.num_train_epochs * dataset_rows)) * group
     return BatchPlan(
         world_size=world_size,
         local_batch_size=local,

@@ -60,9 +60,9 @@ class OnPolicyConfig(AsyncRolloutOptions, TRLKeys):
     )
     total_episodes: PositiveInt | None = Field(
         None, description="Completions to train on in total, rounded up to whole iterations (batch_size each). "
-        "Default: num_train_epochs x dataset rows."
+        "Default: num_train_epochs x dataset rows x completions per prompt."
     )
-    num_train_epochs: PositiveFloat = Field(1.0, description="Used only when total_episodes is not set.")
+    num_train_epochs: PositiveFloat = Field(1.0, description="Passes over the prompts (without total_episodes).")
     max_steps: PositiveInt | None = Field(None, description="Optimizer steps in all (TRL's max_steps): the run ends "
                                           "at the iteration that reaches them; set it or total_episodes, not both.")
     local_rollout_forward_batch_size: PositiveInt = Field(
