@@ -8,6 +8,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint, read_manifest
 
 from reliability_helpers import ITERATIONS, assert_same_run, fork_cli, make_recipe, read_jsonl, run_cli
@@ -83,6 +85,7 @@ def test_kill_9_anywhere_then_resume_is_exact(tmp_path, tiny_model_dir, referenc
 ASYNC = "async_rollouts = true\nmax_staleness = 1\nweight_sync_steps = 2\nmax_inflight_tasks = 24\n"
 
 
+@pytest.mark.slow  # four CLI lives (about 20 s): in .ci/run's slow part, with the other reliability tests
 def test_kill_9_during_async_training_then_resume_loses_no_prompt(tmp_path, tiny_model_dir, reference_run):
     """kill -9 in the update of iteration 5, after iteration 10 (before its save) and in the update of iteration 11
     (0-based), each time with batches sampled ahead. The resumed run completes, trains on the synchronous run's

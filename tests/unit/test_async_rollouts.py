@@ -220,6 +220,7 @@ def final_score(tokenizer, folder, seed, **options):
     return sum(m["objective/scores"] for m in read_metrics(folder)[-5:]) / 5
 
 
+@pytest.mark.slow  # five runs of 60 iterations (about 30 s): in .ci/run's slow part
 def test_bounds_of_one_and_two_learn_as_the_synchronous_runs_do(tokenizer, tmp_path):
     synchronous = [final_score(tokenizer, tmp_path / f"sync{seed}", seed) for seed in (1, 2, 3)]
     bounded = {bound: final_score(tokenizer, tmp_path / f"async{bound}", 1, async_rollouts=True, max_staleness=bound)
