@@ -198,7 +198,8 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, to
     assert len(samples) == 3 * (4 + 4)  # three tables of four rows and four probe rows, from rank 0 only
     # each iteration's prompts over both processes, written once by rank 0
     assert read_jsonl(tmp_path / "double" / "prompts.jsonl") == read_jsonl(tmp_path / "single" / "prompts.jsonl")
-    assert [len(r["prompts"]) for r in read_jsonl(tmp_path / "double" / "prompts.jsonl")] == [4, 4, 4]
+    per_iteration = 8 if algorithm == "ppo" else 4  # 8 completions: one per prompt for PPO, two otherwise
+    assert [len(r["prompts"]) for r in read_jsonl(tmp_path / "double" / "prompts.jsonl")] == [per_iteration] * 3
 
 
 def eos_prone_copy(model_dir, folder: Path) -> Path:
