@@ -4,9 +4,10 @@ update older, and the update corrects it with exp(current - behaviour) logprobs,
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
-import time
+import threading
 
 import pytest
 import torch
@@ -167,29 +168,48 @@ def test_the_producer_thread_gives_the_inline_schedule_s_numbers(make, options, 
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
 
 
-CALLS = {"count": 0}
+class StallsAtTheThirdBatch:
+    """A length reward that scores two batches, then blocks at the third until released (or 120 s pass): a stalled
+    producer whose stall the test ends, not the clock. `stalled` is a future so it can be waited on with a batch."""
+
+    def __init__(self):
+        self.calls = 0
+        self.stalled: concurrent.futures.Future = concurrent.futures.Future()
+        self.release, self.returned = threading.Event(), threading.Event()
+
+    def __call__(self, prompts, completions, **columns):
+        self.calls += 1
+        if self.calls == 3:
+            self.stalled.set_result(None)
+            self.release.wait(120)
+            self.returned.set()
+        return [float(len(c)) for c in completions]
 
 
-def slow_after_two_batches(prompts, completions, **columns):
-    CALLS["count"] += 1
-    if CALLS["count"] > 2:
-        time.sleep(3.0)
-    return [float(len(c)) for c in completions]
-
-
-def test_a_stalled_producer_stops_the_run_with_one_line_and_the_checkpoint_intact(tokenizer, tmp_path):
+def test_a_stalled_producer_stops_the_run_with_one_line_and_the_checkpoint_intact(tokenizer, tmp_path, monkeypatch):
     from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint
-    from training_wizard.errors import UserError
+    from training_wizard.trainers.async_rollouts import RolloutProducer
 
-    CALLS["count"] = 0
-    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=slow_after_two_batches, **OPTIONS, async_rollouts=True,
+    reward = StallsAtTheThirdBatch()
+    result = RolloutProducer.result
+
+    def result_once_sampled_or_stalled(self, future, timeout):
+        # a healthy batch can take longer than the short timeout on a busy machine: it is waited for, so the timeout
+        # can fire only at the stalled batch, as it would with the default timeout of an hour
+        concurrent.futures.wait([future, reward.stalled], timeout=120, return_when=concurrent.futures.FIRST_COMPLETED)
+        return result(self, future, timeout)
+
+    monkeypatch.setattr(RolloutProducer, "result", result_once_sampled_or_stalled)
+    trainer = make_rloo_trainer(tokenizer, tmp_path, reward=reward, **OPTIONS, async_rollouts=True,
                                 async_producer_timeout=0.5, save_steps=1)
-    started = time.perf_counter()
-    with pytest.raises(UserError, match=r"training.async_producer_timeout: the rollout producer gave no batch within "
-                                        r"0.5 s"):
-        trainer.train()
-    assert time.perf_counter() - started < 3.0  # it did not wait for the stalled batch
-    assert trainer.state.iteration == 2
+    try:
+        with pytest.raises(UserError, match=r"training.async_producer_timeout: the rollout producer gave no batch "
+                                            r"within 0.5 s"):
+            trainer.train()
+        assert not reward.returned.is_set()  # the run stopped while the third batch's reward was still blocked
+    finally:
+        reward.release.set()
+    assert reward.calls == 3 and trainer.state.iteration == 2  # two batches trained, the third never arrived
     assert is_valid_checkpoint(find_checkpoint(tmp_path, "latest"))
 
 

@@ -72,9 +72,16 @@ class SayTheWord(Environment[SayAction, SayObservation, State]):
         return self.progress
 
 
+# Held while a test needs a server that does not answer: its step blocks until the test lets go (or 120 s pass),
+# so a step that ends in time can only have ended by its own timeout, however busy the machine is.
+UNANSWERED = threading.Event()
+# Deadlines the code under test never reaches when it works: they bound a wait only when something is broken.
+GENEROUS_S = 60
+
+
 class Sluggish(SayTheWord):
     def step(self, action: SayAction, timeout_s: Optional[float] = None, **kwargs: Any) -> SayObservation:
-        time.sleep(2)
+        UNANSWERED.wait(120)
         return super().step(action)
 
 
@@ -95,12 +102,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until_up(url: str, process: subprocess.Popen | None = None, seconds: float = 30) -> None:
+def wait_until_up(url: str, process: subprocess.Popen | None = None, seconds: float = GENEROUS_S) -> None:
+    """Polls the server's health until it answers: a server starting on a busy machine takes its time."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert process is None or process.poll() is None, "the server exited"
         with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url + "/health", timeout=1):
+            with urllib.request.urlopen(url + "/health", timeout=5):
                 return
         time.sleep(0.1)
     raise AssertionError(f"{url} never answered")
@@ -167,30 +175,33 @@ def test_a_server_killed_mid_episode_ends_it_promptly(healthy_url):
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, process)
-        environment = OpenEnvEnvironment(url=url, step_timeout=5)
+        environment = OpenEnvEnvironment(url=url, step_timeout=GENEROUS_S)
         assert environment.reset(seed=1) == "Say the word 'apple'."
         assert environment.step("apple") == ("You said it. Again.", 1.0, False)
         process.kill()
-        process.wait(10)
-        started = time.monotonic()
-        with pytest.raises(EnvironmentFailure, match=f"OpenEnv server {url}: step: the connection"):
+        process.wait(GENEROUS_S)
+        # promptly: the dropped connection ends the step, not its timeout ("no answer within step_timeout")
+        with pytest.raises(EnvironmentFailure, match=f"OpenEnv server {url}: step: the connection failed or dropped"):
             environment.step("apple")
-        assert time.monotonic() - started < 2
     finally:
         process.kill()
     assert play(OpenEnvEnvironment(url=healthy_url), 1, ["apple", "apple"])[-1] == ("You said it. Again.", 1.0, True)
 
 
 def test_a_slow_server_ends_the_episode_at_step_timeout(healthy_url):
-    with served(Sluggish) as url:
-        environment = OpenEnvEnvironment(url=url, step_timeout=0.5)
-        environment.reset(seed=2)
-        started = time.monotonic()
-        with pytest.raises(EnvironmentFailure, match=r"no answer within step_timeout \(0.5 s\)"):
-            environment.step("river")
-        assert time.monotonic() - started < 1.5
-        with pytest.raises(EnvironmentFailure):  # the episode cannot go on
-            environment.step("river")
+    UNANSWERED.clear()
+    try:
+        with served(Sluggish) as url:
+            # the reset shares this timeout: 2 s leaves it room on a busy machine
+            environment = OpenEnvEnvironment(url=url, step_timeout=2)
+            environment.reset(seed=2)
+            with pytest.raises(EnvironmentFailure, match=r"no answer within step_timeout \(2 s\)"):
+                environment.step("river")
+            with pytest.raises(EnvironmentFailure):  # the episode cannot go on
+                environment.step("river")
+            UNANSWERED.set()  # the server's blocked step returns, so the server can shut down
+    finally:
+        UNANSWERED.set()
     assert play(OpenEnvEnvironment(url=healthy_url), 2, ["river", "x"])[1] == ("You said it. Again.", 1.0, False)
 
 
@@ -228,26 +239,23 @@ def odd_server(step_answer: str | None):
 ], ids=["not-json", "no-observation", "bad-done", "bad-reward", "hung-up"])
 def test_garbage_or_a_dropped_connection_ends_the_episode(step_answer, reason, healthy_url):
     with odd_server(step_answer) as url:
-        environment = OpenEnvEnvironment(url=url, action=f"{HERE}:said", step_timeout=2)
+        environment = OpenEnvEnvironment(url=url, action=f"{HERE}:said", step_timeout=GENEROUS_S)
         assert environment.reset(seed=1) == "Say 'x'."
         time.sleep(0.1)  # a hang-up reaches the client
-        started = time.monotonic()
-        with pytest.raises(EnvironmentFailure, match=reason):
+        with pytest.raises(EnvironmentFailure, match=reason):  # the answer ends the step, not its timeout
             environment.step("x")
-        assert time.monotonic() - started < 1.5
     assert play(OpenEnvEnvironment(url=healthy_url), 3, ["candle", "x"])[1][1] == 1.0
 
 
 def test_an_unreachable_server_fails_reset_then_step():
-    environment = OpenEnvEnvironment(url=f"http://127.0.0.1:{free_port()}", step_timeout=2)
-    started = time.monotonic()
+    # the refused connection ends each call, not the timeout, which only bounds how long a failed reset is remembered
+    environment = OpenEnvEnvironment(url=f"http://127.0.0.1:{free_port()}", step_timeout=GENEROUS_S)
     with pytest.raises(EnvironmentFailure, match="the connection failed"):
         environment.reset(seed=1)
     with pytest.raises(EnvironmentFailure, match="the connection failed"):  # the model's one reply ends it
         environment.step("hello")
     with pytest.raises(EnvironmentFailure, match="a reset just before this one could not reach it"):  # not tried again
-        OpenEnvEnvironment(url=environment.session.url, step_timeout=2).reset(seed=1)
-    assert time.monotonic() - started < 2
+        OpenEnvEnvironment(url=environment.session.url, step_timeout=GENEROUS_S).reset(seed=1)
 
 
 def test_episodes_leave_no_thread_behind(healthy_url):
@@ -259,7 +267,7 @@ def test_episodes_leave_no_thread_behind(healthy_url):
     del finished, abandoned
     gc.collect()
     for thread in threads:
-        thread.join(5)
+        thread.join(GENEROUS_S)
     assert not any(thread.is_alive() for thread in threads)
 
 
@@ -313,7 +321,7 @@ def test_grpo_trains_on_served_episodes_some_of_which_fail(healthy_url, tokenize
     from training_wizard.testing import build_causal_lm
     from training_wizard.tracking.metrics import read_metrics
 
-    factory = functools.update_wrapper(functools.partial(OpenEnvEnvironment, url=healthy_url, step_timeout=10),
+    factory = functools.update_wrapper(functools.partial(OpenEnvEnvironment, url=healthy_url, step_timeout=GENEROUS_S),
                                        OpenEnvEnvironment)
     rows = [{"prompt": [{"role": "user", "content": "Play the word game."}], "seed": seed} for seed in range(4)]
     config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, total_episodes=8, num_generations=2,
