@@ -137,3 +137,15 @@ def test_builtin_functions_in_reward_funcs():
                                reward_weights=[1.0, 0.5])
     total, components = spec.score(["p"] * 2, ["<think>x</think> 7", "8"], {"answer": ["7", "7"]})
     assert total == [1.5, 0.0] and list(components) == ["accuracy_reward", "think_format_reward"]
+
+
+OVERLONG = get_soft_overlong_punishment(max_completion_len=10, soft_punish_cache=4)
+
+
+def test_soft_overlong_punishment_is_logged_under_trl_s_name():
+    # TRL 1.16 logs it as rewards/soft_overlong_punishment_reward; a cache wider than the maximum is TRL's ramp
+    spec = RewardFunctionsSpec(reward_funcs=["tests.unit.test_verifiable:OVERLONG"])
+    total, components = spec.score(["p"] * 2, ["a", "b"], {"completion_ids": [[1] * 8, [1] * 2]})
+    assert total == [-0.5, 0.0] and list(components) == ["soft_overlong_punishment_reward"]
+    assert get_soft_overlong_punishment(max_completion_len=4, soft_punish_cache=6)([[1] * 0, [1] * 3]) == [
+        -0.3333333333333333, -0.8333333333333334]

@@ -4,11 +4,13 @@
 Functions (name them in `reward_funcs` as 'training_wizard.specs.verifiable:<name>'):
 - `accuracy_reward(completions, answer, **kwargs)`: 1.0 when the completion's final answer equals the `answer`
   column (or TRL's `solution`) numerically, else 0.0; None where the gold answer is not one number (the function
-  then skips that row; symbolic answers such as fractions need `AccuracyRewardSpec` with mode "math_verify").
+  then skips that row; symbolic answers such as fractions need `AccuracyRewardSpec` with mode "math_verify", or
+  TRL's LaTeX check, `training_wizard.rewards.accuracy_reward`).
 - `think_format_reward(completions, **kwargs)`: 1.0 when the completion starts with '<think>', holds no second
   '<think>' and closes the block with '</think>' (the answer may follow), else 0.0; as TRL's function.
 - `get_format_reward(pattern, search=False)` and `get_soft_overlong_punishment(max_completion_len,
-  soft_punish_cache)`: factories of such functions for a module of your own, as in TRL.
+  soft_punish_cache)`: factories of such functions for a module of your own, as in TRL (the second logged as
+  TRL logs it, `soft_overlong_punishment_reward`).
 
 Specs: `AccuracyRewardSpec` (numeric, exact or math_verify), `FormatRewardSpec`, `OverlongRewardSpec`.
 The final answer of a text is the content of its last `\\boxed{...}` when it has one, else its last number;
@@ -139,18 +141,34 @@ def soft_overlong_penalty(length: int, max_completion_len: int, soft_punish_cach
     return -1.0
 
 
-def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> Callable[..., list[float]]:
-    """A TRL-form function of the completion token counts (`completion_ids`), as TRL's factory of this name."""
-    if not 0 <= soft_punish_cache <= max_completion_len:
-        raise ValueError(f"soft_punish_cache: expected 0 <= {soft_punish_cache} <= max_completion_len "
-                         f"{max_completion_len}")
+class SoftOverlongPunishment:
+    """get_soft_overlong_punishment's function (a class: picklable, unlike a closure)."""
 
-    def soft_overlong_punishment(completion_ids: list[list[int]] | None = None, **kwargs: Any) -> list[float]:
+    __name__ = "soft_overlong_punishment_reward"  # TRL 1.16's name, so it logs as rewards/<this>
+
+    def __init__(self, max_completion_len: int, soft_punish_cache: int):
+        self.max_completion_len, self.soft_punish_cache = max_completion_len, soft_punish_cache
+
+    def __call__(self, completion_ids: list[list[int]] | None = None, **kwargs: Any) -> list[float]:
         if completion_ids is None:
-            raise UserError("soft_overlong_punishment needs completion_ids (the trainer and training-wizard eval pass them)")
-        return [soft_overlong_penalty(len(ids), max_completion_len, soft_punish_cache) for ids in completion_ids]
+            raise UserError(f"{self.__name__} needs completion_ids (the trainer and training-wizard eval pass them)")
+        return [soft_overlong_penalty(len(ids), self.max_completion_len, self.soft_punish_cache)
+                for ids in completion_ids]
 
-    return soft_overlong_punishment
+
+def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> Callable[..., list[float]]:
+    """A TRL-form function of the completion token counts (`completion_ids`), as TRL's factory of this name: any
+    cache as TRL takes it (0 cuts off past max_completion_len; OverlongRewardSpec asks for 0 <= cache <= max)."""
+    return SoftOverlongPunishment(max_completion_len, soft_punish_cache)
+
+
+def import_math_verify(user: str) -> Any:
+    """The math_verify module, or one line naming `user` (what needs it) and the extra that installs it."""
+    try:
+        import math_verify
+    except ImportError:
+        raise UserError(f"{user} needs the math-verify package (pip install 'training-wizard[math]')") from None
+    return math_verify
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -191,11 +209,8 @@ class AccuracyRewardSpec(RewardSpec):
         return out
 
     def _math_verify(self, completion: str, gold: Any, row: int) -> float:
-        try:
-            from math_verify import parse, verify
-        except ImportError:
-            raise UserError("reward.mode 'math_verify' needs the math-verify package "
-                            "(pip install 'training-wizard[math]')") from None
+        math_verify = import_math_verify("reward.mode 'math_verify'")
+        parse, verify = math_verify.parse, math_verify.verify
         # math-verify's own timeouts use signal alarms, which work only on the main thread
         limits = {} if threading.current_thread() is threading.main_thread() else {"parsing_timeout": None}
         gold_parsed = parse(str(gold), **limits)
