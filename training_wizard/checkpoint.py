@@ -13,10 +13,13 @@ fsync files and folder -> rename to `step-N` -> fsync the parent -> rewrite `lat
 prune older checkpoints beyond `save_total_limit`. Resuming (run_start.py) reads the manifest's `identity` and
 `training` settings first. A crash at any point leaves the previous checkpoint and
 `latest` intact; a failed write (disk full) removes the staging folder and stops with a one-line UserError.
+A failed write is whatever the writers raise for it: OSError, safetensors' SafetensorError, and the RuntimeError
+of torch's zip writer (torch.save reports a full disk as "PytorchStreamWriter failed writing file ...").
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -181,9 +184,19 @@ def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None
 
 
 def _is_io_error(exc: Exception) -> bool:
-    """An operating-system write failure: OSError, or safetensors' own error wrapping one (its Rust writer
-    reports a full disk as "IoError(... StorageFull ...)" rather than raising OSError)."""
-    return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and "IoError" in str(exc))
+    """A write failure: OSError (torch.save's own failures arrive as one, `_save_plain`), or safetensors' error
+    (its Rust writer reports a full disk as "IoError(... StorageFull ...)" rather than raising OSError)."""
+    return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
+
+
+def _save_plain(data: Any, path: Path) -> None:
+    """torch.save, whose zip writer reports a failed write (a full disk) as RuntimeError: made an OSError naming
+    the file, so it takes the disk-full path. Pickling problems (bugs) raise other types and keep theirs."""
+    try:
+        torch.save(data, path)
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or ["RuntimeError"])[0][:200]
+        raise OSError(errno.EIO, f"write error: {first}", str(path)) from exc
 
 
 def _write_failure(root: Path, step: int, exc: Exception) -> str:
@@ -220,11 +233,11 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
             hf_logging.enable_progress_bar()
     fault_point("save:model", step)
     if not engine_kind(accelerator):  # sharded runs wrote theirs into sharded/
-        torch.save(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+        _save_plain(trainer.optimizer.state_dict(), staging / "optimizer.pt")
     fault_point("save:optimizer", step)
-    torch.save(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
+    _save_plain(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
     trainer_state = {"trainer": run_state, "accelerator_step": int(accelerator.step)}
-    torch.save(trainer_state, staging / "trainer_state.pt")
+    _save_plain(trainer_state, staging / "trainer_state.pt")
     write_manifest(staging, step, {
         "format": FORMAT_VERSION,
         "episode": int(run_state["episode"]),
@@ -266,22 +279,29 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 def is_valid_checkpoint(folder: Path) -> bool:
     """True when the manifest exists, lists the required files and safetensors weights, and every file in it has
     the recorded size and hash."""
+    return checkpoint_problem(folder) is None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` is not a complete checkpoint (the first thing found), or None when it verifies."""
     try:
-        manifest = read_manifest(folder)
-        files = manifest["files"]
-        if not all(name in files for name in REQUIRED_FILES):
-            return False
-        if "optimizer.pt" not in files and not any(name.startswith(f"{SHARDED_STATE}/") for name in files):
-            return False
+        files = read_manifest(folder)["files"]
+        needed = [*REQUIRED_FILES]
+        if not any(name.startswith(f"{SHARDED_STATE}/") for name in files):  # unsharded: the optimizer's file
+            needed.append("optimizer.pt")
+        missing = [name for name in needed if name not in files]
         if not any(name.startswith("model/") and name.endswith(".safetensors") for name in files):
-            return False
+            missing.append("model/*.safetensors")
+        if missing:
+            return f"{MANIFEST} does not list {missing[0]}"
         for name, entry in files.items():
-            path = folder / name
-            if path.stat().st_size != entry["size"] or _sha256(path) != entry["sha256"]:
-                return False
-        return True
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+            if not (folder / name).is_file():
+                return f"{name} is missing"
+            if (folder / name).stat().st_size != entry["size"] or _sha256(folder / name) != entry["sha256"]:
+                return f"{name} differs from the size or sha256 its manifest records"
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{MANIFEST} missing or unreadable ({type(exc).__name__})"
 
 
 def _read_latest(root: Path) -> str | None:
@@ -317,26 +337,34 @@ def _prune(root: Path, limit: int | None, keep: str) -> None:
 
 
 def find_checkpoint(output_dir: str | Path, which: str) -> Path | None:
-    """Resolve `resume_from_checkpoint`: "latest" (None if there is no valid one yet) or a folder path.
+    """Resolve `resume_from_checkpoint`: "latest" (None if none was committed yet) or a folder path.
 
     "latest" tries the `latest` pointer first, then every `step-N` from the newest down, and takes the first
     whose manifest verifies: a folder cut short by a crash (staging never renamed, a file missing or truncated)
-    is passed over.
+    is passed over. Committed checkpoints of which none verifies stop the run in one line (UserError).
     """
     if which != "latest":
         folder = Path(which)
-        if not is_valid_checkpoint(folder):
-            raise UserError(f"resume_from_checkpoint: '{which}' is not a complete checkpoint (manifest missing or wrong)")
+        problem = checkpoint_problem(folder)
+        if problem:
+            raise UserError(f"resume_from_checkpoint: '{which}' is not a complete checkpoint ({problem})")
         return folder
     root = checkpoints_dir(output_dir)
     candidates = []
     latest = _read_latest(root)
     if latest and "/" not in latest and latest not in (".", ".."):
         candidates.append(root / latest)
-    candidates += sorted((p for p in root.glob("step-*") if p.is_dir()), key=_step_of, reverse=True)
-    for folder in candidates:
+    committed = sorted((p for p in root.glob("step-*") if p.is_dir()), key=_step_of, reverse=True)
+    for folder in candidates + committed:
         if is_valid_checkpoint(folder):
             return folder
+    if committed:  # checkpoints were committed and none verifies: starting over would be a silent loss
+        count = "1 checkpoint" if len(committed) == 1 else f"{len(committed)} checkpoints"
+        raise UserError(
+            f"resume_from_checkpoint = \"latest\": {root} holds {count} and none verifies (the newest, "
+            f"{committed[0].name}: {checkpoint_problem(committed[0])}); resume from a good copy with "
+            "resume_from_checkpoint = \"<folder>\", or choose another output_dir"
+        )
     return None
 
 

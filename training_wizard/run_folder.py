@@ -1,6 +1,15 @@
-"""A run owns its `output_dir`: it never appends to, overwrites or prunes another run's files.
+"""A run owns its `output_dir`: it never appends to, overwrites or prunes another run's files, nor a user's.
 
 What a run writes there (`RUN_FILES`) is known; anything else in the folder is the user's and is never touched.
+A file of a run-file name is a run's only when something shows a run wrote it (`written_by_a_run`):
+  - run.json, written before any other file, lists the run-file names the run owns (`files`: all of them, since
+    a run starts only where no user's file bears one of those names);
+  - without that list (no run.json, or one written before the list existed), the content shows it: run.json
+    records a trainer, each JSONL log holds only its own records (prompts.jsonl: `{"step", "prompts",
+    "reissued"}` lines, not a prompt dataset), checkpoints/ holds only checkpoint folders; an older run.json
+    also vouches for the names it knew (all but prompts.jsonl, which came later).
+A file of a run-file name that no run wrote is the user's (`user_files`): a run that would overwrite or append
+to it stops in one line, and overwrite_output_dir never deletes it.
 A run takes the folder once, before it writes anything (run_start.py: `start_run`):
   - a new run (no `resume_from_checkpoint`) refuses a folder that holds another run's files, unless the user
     said `overwrite_output_dir = true`, which deletes those files (and only those) first;
@@ -35,9 +44,78 @@ _ADAPTER_KEYS = ("r", "lora_alpha", "target_modules", "modules_to_save")
 
 
 def run_files(folder: str | Path) -> list[str]:
-    """The names of `RUN_FILES` present in `folder`."""
+    """The names of `RUN_FILES` present in `folder`, whoever wrote them."""
     folder = Path(folder)
     return [name for name in RUN_FILES if (folder / name).exists()]
+
+
+def written_by_a_run(folder: str | Path) -> list[str]:
+    """The names of `RUN_FILES` present in `folder` that a run wrote: listed in a run's run.json, or shown by
+    their content (the module docstring gives the rule)."""
+    folder, present = Path(folder), run_files(folder)
+    record = read_run_identity(folder)
+    if not _is_run_record(record):
+        return [name for name in present if _content_shows_a_run(folder / name)]
+    listed = record.get("files")
+    if isinstance(listed, list):
+        return [name for name in present if name == RUN_IDENTITY_FILE or name in listed]
+    return [name for name in present if name != "prompts.jsonl" or _content_shows_a_run(folder / name)]
+
+
+def user_files(folder: str | Path) -> list[str]:
+    """Files and folders of a run-file name in `folder` that no run wrote: the user's."""
+    written = written_by_a_run(folder)
+    return [name for name in run_files(folder) if name not in written]
+
+
+def refuse_user_files(folder: str | Path) -> None:
+    """One line naming the user's files a run would overwrite, truncate or append to, if `folder` holds any."""
+    found = user_files(folder)
+    if found:
+        them = "it" if len(found) == 1 else "them"
+        raise UserError(
+            f"output_dir: '{folder}' holds {', '.join(found)}, which no run wrote, and a run writes files of that "
+            f"name there (it would overwrite or append to {them}); move {them} elsewhere or choose another output_dir"
+        )
+
+
+# A JSONL log is a run's when every complete line is one of its records: an object with these keys.
+_LOG_KEYS = {"metrics.jsonl": {"episode"}, "samples.jsonl": {"step", "query", "response"},
+             "prompts.jsonl": {"step", "prompts", "reissued"}}
+
+
+def _content_shows_a_run(path: Path) -> bool:
+    """Whether `path` (named as a run file) holds what only a run writes there. Names a run writes only after
+    run.json (model/, the report, ...) show nothing by themselves."""
+    if path.name == RUN_IDENTITY_FILE:
+        return _is_run_record(read_run_identity(path.parent))
+    if path.name in _LOG_KEYS:
+        return path.is_file() and _only_records(path, _LOG_KEYS[path.name])
+    if path.name == "checkpoints":
+        return path.is_dir() and all(_is_checkpoint_entry(entry.name) for entry in path.iterdir())
+    return False
+
+
+def _only_records(path: Path, keys: set[str]) -> bool:
+    """Every complete line of `path` is a JSON object with `keys`, and there is at least one (an unfinished last
+    line, cut short by a crash, is no evidence either way)."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]  # the text after the last newline is unfinished
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return False
+    return bool(records) and all(isinstance(record, dict) and keys <= record.keys() for record in records)
+
+
+def _is_checkpoint_entry(name: str) -> bool:
+    for prefix in ("step-", ".staging-step-", ".replaced-step-"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return True
+    return name in ("latest", ".latest.tmp")
+
+
+def _is_run_record(record: Any) -> bool:
+    return isinstance(record, dict) and "trainer" in record
 
 
 def continues_the_run_in(output_dir: str | Path, resume_from: str | None) -> bool:
@@ -53,9 +131,11 @@ def continues_the_run_in(output_dir: str | Path, resume_from: str | None) -> boo
 
 
 def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
-    """A run that does not resume: refuse a folder with another run's files (one line naming the folder and the
-    two ways on), or with `overwrite` delete those files first. Returns the names deleted."""
-    found = run_files(folder)
+    """A run that does not resume: refuse a folder with the user's files of a run-file name, or with another
+    run's files (one line naming the folder and the two ways on), or with `overwrite` delete the run's files
+    (only those) first. Returns the names deleted."""
+    refuse_user_files(folder)
+    found = written_by_a_run(folder)
     if found and not overwrite:
         raise _used_folder_error(folder, found)
     for name in found:
@@ -68,8 +148,10 @@ def claim_new_run(folder: str | Path, overwrite: bool) -> list[str]:
 
 
 def refuse_used_folder(folder: str | Path) -> None:
-    """One line naming the folder, the run files in it and the two ways on, if it holds any."""
-    found = run_files(folder)
+    """One line naming the folder, the run files in it and the two ways on, if it holds any (or one naming the
+    user's files a run would write over)."""
+    refuse_user_files(folder)
+    found = written_by_a_run(folder)
     if found:
         raise _used_folder_error(folder, found)
 
@@ -85,7 +167,7 @@ def _used_folder_error(folder: str | Path, found: list[str]) -> UserError:
 def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
     """`resume_from_checkpoint = "latest"` found no checkpoint: the run starts from the beginning, which is only
     right for an unfinished run of the same identity (killed before its first checkpoint)."""
-    finished = [name for name in run_files(folder) if name not in UNFINISHED_RUN_FILES]
+    finished = [name for name in written_by_a_run(folder) if name not in UNFINISHED_RUN_FILES]
     if finished:
         raise UserError(
             f"resume_from_checkpoint = \"latest\": '{folder}' has no checkpoint to resume but holds a finished "
@@ -101,6 +183,7 @@ def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
 
 
 def read_run_identity(folder: str | Path) -> dict[str, Any] | None:
+    """run.json as recorded (None if absent or not JSON)."""
     try:
         return json.loads((Path(folder) / RUN_IDENTITY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -108,9 +191,12 @@ def read_run_identity(folder: str | Path) -> dict[str, Any] | None:
 
 
 def write_run_identity(folder: str | Path, identity: dict[str, Any]) -> None:
+    """run.json: the run's identity and the run-file names it owns (every one: a run starts only where none of
+    them is the user's, `refuse_user_files`), written before any other file of the run."""
     path = Path(folder) / RUN_IDENTITY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    record = {**identity, "files": list(RUN_FILES)}
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------- identity

@@ -19,8 +19,8 @@ from training_wizard.checkpoint import (
 )
 from training_wizard.errors import UserError
 from training_wizard.run_folder import (
-    check_restart, claim_new_run, changed_settings, continues_the_run_in, run_identity, training_settings,
-    write_run_identity,
+    check_restart, claim_new_run, changed_settings, continues_the_run_in, refuse_user_files, run_identity,
+    training_settings, write_run_identity,
 )
 from training_wizard.sharding import engine_kind
 
@@ -28,10 +28,11 @@ from training_wizard.sharding import engine_kind
 def start_run(trainer, resume_from: str | None, say: Callable[[str], None]) -> None:
     """Take `trainer.config.output_dir` for this run: resume from `resume_from` ("latest" or a folder) after
     checking the checkpoint was written by the same trainer and model, or, as a new run, refuse a folder holding
-    another run's files unless `config.overwrite_output_dir` (then they are deleted). Records the run's identity
-    in run.json."""
+    another run's files unless `config.overwrite_output_dir` (then they are deleted). Either way a user's file of
+    a run-file name stops it first (it would be written over). Records the run's identity in run.json."""
     collectives, config = trainer.collectives, trainer.config
     output_dir, identity = config.output_dir, run_identity(trainer)
+    collectives.decide_on_main(lambda: refuse_user_files(output_dir))
     if not continues_the_run_in(output_dir, resume_from):  # a new run here (perhaps from another folder's weights)
         deleted = collectives.decide_on_main(lambda: claim_new_run(output_dir, config.overwrite_output_dir))
         if deleted:

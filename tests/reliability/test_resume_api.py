@@ -97,16 +97,26 @@ def test_an_async_run_resumes_without_losing_or_repeating_a_prompt(tokenizer, tm
         tmp_path / "full" / "prompts.jsonl").read_text().splitlines())]
 
 
-def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch):
+# What the writers raise when the disk fills: the OS's error, and torch's zip writer's own RuntimeError.
+WRITE_FAILURES = {
+    "OSError": (lambda path: OSError(errno.ENOSPC, "No space left on device", path), "No space left on device"),
+    "torch zip writer": (lambda path: RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos "
+                                                   "4160 vs 4054"), "write error: [enforce fail"),
+}
+
+
+@pytest.mark.parametrize("failure_kind", WRITE_FAILURES)
+def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch, failure_kind):
     trainer = make(tokenizer, tmp_path, total_episodes=8 * 3)
     real_save, calls = torch.save, []
+    make_error, reason = WRITE_FAILURES[failure_kind]
 
     def full_disk(obj, path, *args, **kwargs):
         calls.append(str(path))
         if str(path).endswith("optimizer.pt") and len([c for c in calls if c.endswith("optimizer.pt")]) == 2:
             with open(path, "wb") as handle:
                 handle.write(b"partial")  # half a file, then the disk is full
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            raise make_error(str(path))
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
@@ -114,7 +124,7 @@ def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, mo
         trainer.train()
     message = str(failure.value)
     assert "\n" not in message and "checkpoint step-2 could not be written" in message
-    assert "No space left on device" in message and "checkpoints/step-1 is kept" in message
+    assert reason in message and "optimizer.pt" in message and "checkpoints/step-1 is kept" in message
     root = tmp_path / "checkpoints"
     assert (root / "latest").read_text() == "step-1"
     assert not (root / "step-2").exists() and not (root / ".staging-step-2").exists()
@@ -124,6 +134,28 @@ def test_disk_full_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, mo
     load_checkpoint(resumed, root / "step-1")
     assert resumed.state.iteration == 1
     resumed.train()  # and it continues from there
+
+
+def test_a_safetensors_write_error_during_save_keeps_previous_checkpoint(tokenizer, tmp_path, monkeypatch):
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    trainer = make(tokenizer, tmp_path, total_episodes=8 * 3)
+    real_write, calls = transformers.modeling_utils.safe_save_file, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second checkpoint's weights
+            raise SafetensorError("Error while serializing: I/O error: Disk quota exceeded (os error 122)")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", failing)
+    with pytest.raises(UserError, match=r"^checkpoint step-2 could not be written \(SafetensorError: Error while "
+                                        r"serializing: I/O error: Disk quota exceeded.*checkpoints/step-1 is kept"):
+        trainer.train()
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text() == "step-1" and not (root / ".staging-step-2").exists()
+    assert find_checkpoint(tmp_path, "latest") == root / "step-1"
 
 
 def test_nonfinite_loss_stops_with_one_line_naming_step_and_tensor(tokenizer, tmp_path):

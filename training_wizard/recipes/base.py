@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
@@ -81,9 +82,15 @@ class Recipe(Spec):
 
     def check_can_start(self, config, accelerator, console) -> None:  # noqa: ARG002 - subclasses use them
         """What a run checks before it loads any model, and `--dry-run` with it (the same call, so a dry run that
-        passes does not leave a real run to fail at start): here the trackers report_to names."""
+        passes does not leave a real run to fail at start), writing nothing: output_dir can be a folder this
+        process writes, holds none of the recipe's data files and no user's file a run would write over; the
+        trackers report_to names are installed."""
+        from training_wizard.run_folder import refuse_user_files
         from training_wizard.tracking.metrics import check_trackers_installed
 
+        check_output_dir_usable(self.output_dir)
+        check_data_outside(self, self.output_dir)
+        refuse_user_files(self.output_dir)
         check_trackers_installed(config.report_to)
 
     def prepare_output(self, accelerator) -> None:
@@ -200,3 +207,57 @@ def check_writable(output_dir: str) -> None:
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise UserError(f"output_dir: cannot create or write '{output_dir}' ({reason}); choose a writable folder") from None
+
+
+def check_output_dir_usable(output_dir: str) -> None:
+    """Without writing anything (a dry run writes nothing): output_dir is not a file, and its nearest existing
+    folder is one this process may write into."""
+    folder = existing = Path(output_dir)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == folder else f"cannot be made a folder ('{existing}' is a file)"
+        raise UserError(f"output_dir: '{output_dir}' {where}; choose a writable folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"output_dir: cannot create or write '{output_dir}' (permission denied on '{existing}'); "
+                        "choose a writable folder")
+
+
+def check_data_outside(recipe: BaseModel, output_dir: str) -> None:
+    """A run writes and deletes files in output_dir (prompts.jsonl is also the usual name of a prompt dataset):
+    refuse a recipe whose data files (any `data_files` of its specs, at any depth) lie inside it."""
+    root = Path(output_dir).resolve()
+    for key, spec in _data_specs(recipe, ""):
+        for path in _data_paths(spec, key):
+            if path.resolve().is_relative_to(root):
+                raise UserError(f"{key}: '{path}' is inside output_dir '{output_dir}', where a run writes, "
+                                "overwrites and deletes its own files; choose an output_dir outside the data's folder")
+
+
+def _data_specs(value: Any, key: str):
+    """(dotted key of data_files, spec) for every spec under `value` that names local data files."""
+    if isinstance(value, BaseModel):
+        if isinstance(getattr(value, "data_files", None), (str, list)):
+            yield f"{key}.data_files" if key else "data_files", value
+        for name in type(value).model_fields:
+            yield from _data_specs(getattr(value, name, None), f"{key}.{name}" if key else name)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _data_specs(item, f"{key}.{index}")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _data_specs(item, f"{key}.{name}")
+
+
+def _data_paths(spec: BaseModel, key: str) -> list[Path]:
+    """The files `spec.data_files` names, resolved as its load resolves them (globs expanded); a name that
+    matches nothing yet is kept as written (its load reports it)."""
+    from training_wizard.spec import current_recipe_directory, recipe_directory, resolve_path
+    from training_wizard.specs.data_files import expand_data_files
+
+    patterns = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files)
+    with recipe_directory(getattr(spec, "_base_dir", None) or current_recipe_directory()):
+        try:
+            return [Path(path) for path in expand_data_files(patterns, key)]
+        except UserError:
+            return [resolve_path(pattern) for pattern in patterns]
