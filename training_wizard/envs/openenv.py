@@ -17,9 +17,13 @@ reward and `done` read from the observation as OpenEnv's own clients read them.
 By URL the episode is one WebSocket session (`/ws`) of OpenEnv's `GenericEnvClient`, opened at reset and closed
 when the episode ends; the default action also reads the server's action schema once (`GET /schema`).
 
-Whatever goes wrong on the environment's side (no answer within `step_timeout`, a dropped connection, an error the
-server reports, an answer that cannot be read, an exception in an in-process environment) raises
-`EnvironmentFailure`: the episode ends there, counted in `episodes/environment_errors_mean`, and the run goes on.
+The url must be an http(s):// or ws(s):// address (one line naming the key otherwise). The first episode made for a
+url in a process tries the server (`GET /health`): a server that cannot be reached there is a mistake in the recipe
+or a server not started, and stops the run at its start in one line (a UserError) rather than failing every episode.
+Once reached, whatever goes wrong on the environment's side (no answer within `step_timeout`, a dropped connection,
+an error the server reports, an answer that cannot be read, an exception in an in-process environment) raises
+`EnvironmentFailure`: the episode ends there, counted in `episodes/environment_errors_mean` and `episodes/failed`,
+and the run goes on, until failed episodes pass training.max_environment_failures (trainers/environment_failures.py).
 A reply the user's action function cannot read (it raises) is an error message to the model instead.
 
 OpenEnv is an optional dependency (`pip install -e .[envs]`): nothing here imports it until an episode is made.
@@ -43,6 +47,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from training_wizard.envs.openenv_url import checked_url, http_url, reach_server
 from training_wizard.errors import UserError
 from training_wizard.rollout.environment_protocols import EnvironmentFailure
 from training_wizard.specs.reward import resolve_function
@@ -102,6 +107,8 @@ class OpenEnvEnvironment:
             make = resolve_function(environment, raising=UserError, key=f"{KEY}.environment: ")
             self.session = LocalSession(make, environment, self.step_timeout)
         else:
+            url = checked_url(url)
+            reach_server(url, self.step_timeout)
             self.session = RemoteSession(url, self.step_timeout)
         self.thread = EpisodeThread("openenv-episode")
         self.field: str | None = None  # the action's text field, once known (default action)
@@ -370,12 +377,6 @@ class RemoteSession:
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
-
-
-def http_url(url: str) -> str:
-    """The HTTP address of a server given as http(s):// or ws(s)://, or with no scheme."""
-    scheme, separator, rest = url.partition("://")
-    return {"ws": "http", "wss": "https"}.get(scheme, scheme) + "://" + rest if separator else "http://" + url
 
 
 class EpisodeThread:

@@ -57,7 +57,8 @@ def _mean(values: list[float]) -> float:
 class RunSummary:
     """base_model: the name the run trained from; algorithm: e.g. "RLOO"; metrics: (name, start, end), each the mean
     of the first and last `window` logged iterations; evaluation: the last in-training evaluation record; win_rate:
-    an evaluation's winrate.json found in output_dir; model_dir: the saved model, if there is one."""
+    an evaluation's winrate.json found in output_dir; model_dir: the saved model, if there is one; failed_episodes:
+    episodes whose environment failed (could not reset or go on), the run's total."""
 
     output_dir: Path
     base_model: str | None
@@ -71,6 +72,7 @@ class RunSummary:
     wall_seconds: float | None = None
     model_dir: Path | None = None
     lora: bool = False
+    failed_episodes: int = 0
 
     def headline(self) -> str:
         """One sentence: what was trained from what, how far, how long."""
@@ -98,9 +100,17 @@ class RunSummary:
                          f"n = {rate.get('n', '?')})")
         return "; ".join(parts) or None
 
+    def failure_line(self) -> str | None:
+        """How many episodes the environment failed (None when none did): they were trained on as they ended."""
+        if not self.failed_episodes:
+            return None
+        share = f" ({self.failed_episodes / self.episodes:.1%})" if self.episodes else ""
+        return (f"failed episodes: {self.failed_episodes} of {self.episodes}{share} ended by an environment that "
+                f"could not reset or go on (episodes/failed in metrics.jsonl)")
+
     def lines(self) -> list[str]:
         """The plain-text summary the terminal ends with."""
-        lines = [self.headline(), *self.metric_lines()]
+        lines = [self.headline(), *filter(None, [self.failure_line()]), *self.metric_lines()]
         evaluation = self.evaluation_line()
         if evaluation:
             lines.append(evaluation)
@@ -154,6 +164,7 @@ def run_summary(output_dir: str | Path, *, base_model: str | None = None, wall_s
         wall_seconds=wall_seconds,
         model_dir=model_dir if model_dir.is_dir() else None,
         lora=(model_dir / "adapter_config.json").is_file(),
+        failed_episodes=int(max((_number(r.get("episodes/failed_total")) or 0 for r in train), default=0)),
     )
 
 

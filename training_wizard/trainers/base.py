@@ -47,6 +47,7 @@ from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
 from training_wizard.trainers.async_rollouts import async_metrics, batches_ahead, next_rollout, sample_ahead
 from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.environment_failures import stop_on_environment_failures
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
@@ -336,11 +337,13 @@ class OnPolicyTrainer(UpdateLoop):
                                   start_state: dict[str, Any]) -> bool:
         """Stop here (checkpoint of the iteration's starting state) if any process got a signal; returns whether
         to skip the update. Stop and guard flags are agreed in one all-reduce. A non-finite rollout (logprobs,
-        reference logprobs, scores, advantages) stops the run, or skips the whole update in skip mode."""
+        reference logprobs, scores, advantages) stops the run, or skips the whole update in skip mode. Failed
+        episodes past max_environment_failures stop it too (trainers/environment_failures.py)."""
         flags = guards.rollout_flags(rollout, shaped.advantages)
         stop_now, *bad = self.collectives.any_true(stop.requested, *flags.tolist())
         if stop_now:
             self._stop(stop, start_state)
+        stop_on_environment_failures(self, rollout)
         name = guards.first_flagged(guards.ROLLOUT_TENSORS, bad)
         if name is None:
             return False
@@ -393,6 +396,7 @@ class OnPolicyTrainer(UpdateLoop):
             metrics.update(self._sampling_metrics(rollout))
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
+            metrics["episodes/failed_total"] = self.state.failed_episodes
         if self.config.samples_ahead:
             metrics.update(async_metrics(self, rollout))
         return metrics
@@ -404,14 +408,9 @@ class OnPolicyTrainer(UpdateLoop):
 
     def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
         shown = min(rows, rollout.num_rows)
-        return self.samples.record(
-            self.state.iteration,
-            self.state.episode,
-            rollout.queries[:shown],
-            rollout.completions[:shown],
-            rollout.scores[:shown].tolist(),
-            {name: values[:shown] for name, values in rollout.components.items()},
-        )
+        return self.samples.record(self.state.iteration, self.state.episode, rollout.queries[:shown],
+                                   rollout.completions[:shown], rollout.scores[:shown].tolist(),
+                                   {name: values[:shown] for name, values in rollout.components.items()})
 
     def _record_probes(self, count: int = 4) -> None:
         """Completions of the first `count` dataset prompts with the same sampling keys at every sample event, so

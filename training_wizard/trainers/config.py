@@ -14,14 +14,14 @@ from pydantic import (
 )
 
 from training_wizard.trainers.async_config import AsyncRolloutOptions
+from training_wizard.trainers.environment_config import EnvironmentFailureOptions
 from training_wizard.trainers.trl_keys import TRLKeys
 from training_wizard.trainers.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
 from training_wizard.trainers.config_checks import check_sampling_settings, start_warnings
-from training_wizard.trainers.run_config import (
-    DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE, RunConfig, aliases,
-)
+from training_wizard.trainers.run_config import (DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION,
+                                                 SEED_RANGE, RunConfig, aliases)
 from training_wizard.trainers.supervised_config import (RewardConfig, SequenceClassificationConfig, SFTConfig,
                                                         SupervisedConfig, SupervisedPlan)
 
@@ -31,7 +31,7 @@ __all__ = [
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
     "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
-class OnPolicyConfig(AsyncRolloutOptions, TRLKeys):
+class OnPolicyConfig(AsyncRolloutOptions, EnvironmentFailureOptions, TRLKeys):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trainers/trl_keys.py."""
 
     # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------

@@ -55,8 +55,10 @@ def sampling_metrics(collectives, device, batch, weights: ImportanceWeights, per
 def episode_metrics(collectives, device, batch) -> dict[str, float]:
     """Episodes of several turns (docs/environments.md): replies and environment tokens per episode, the share
     of episodes each stop reason ended, and the tool counts with TRL's names and definitions (calls per episode,
-    failures per call) beside ours. Sums over every process's rows."""
+    failures per call) beside ours, and the share of episodes whose environment failed (environment_failures.py).
+    Sums over every process's rows."""
     from training_wizard.rollout.trajectory import StopReason
+    from training_wizard.trainers.environment_failures import failed_episodes
 
     loss, real, stats = batch.loss_mask, batch.completion_mask, batch.episode_stats
     replies = loss[:, 0].float() + (loss[:, 1:] & ~loss[:, :-1]).sum(-1).float()  # runs of the model's tokens
@@ -65,14 +67,15 @@ def episode_metrics(collectives, device, batch) -> dict[str, float]:
     per_row = [replies, (real & ~loss).sum(-1).float(), torch.ones_like(replies)]
     per_row += [(batch.stop_reason == int(code)).float() for code in reasons.values()]
     per_row += [stats[name].float() for name in ("calls", "failures", "malformed", "errors", "drift")]
-    per_row.append((stats["calls"] > 0).float())
-    (replies_sum, environment_tokens, episodes, *stopped, calls, failures, malformed, errors, drift, with_call) = \
-        collectives.sum(torch.stack([values.sum() for values in per_row]).to(device))
+    per_row += [(stats["calls"] > 0).float(), failed_episodes(batch)]
+    (replies_sum, environment_tokens, episodes, *stopped, calls, failures, malformed, errors, drift, with_call,
+     failed) = collectives.sum(torch.stack([values.sum() for values in per_row]).to(device))
     metrics = {
         "episodes/replies_mean": float(replies_sum / episodes),
         "episodes/environment_tokens_mean": float(environment_tokens / episodes),
         "episodes/tokenization_drift": float(drift / episodes),
         "episodes/environment_errors_mean": float(errors / episodes),
+        "episodes/failed": float(failed / episodes),
         "tools/call_frequency": float(calls / episodes),
         "tools/failure_frequency": float(failures / calls.clamp(min=1)),
         "tools/malformed_frequency": float(malformed / (calls + malformed).clamp(min=1)),

@@ -30,6 +30,10 @@ class RunState:
         # prompts sampled again: after resumes (their batches dropped with the stop) and after stale batches
         self.reissued_prompts = 0
         self.dropped_stale_rows = 0  # completions dropped as staler than max_staleness
+        # episodes whose environment failed (trainers/environment_failures.py), and the iterations in a row in which
+        # more of them failed than max_environment_failures allows
+        self.failed_episodes = 0
+        self.failed_iterations_in_a_row = 0
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +46,8 @@ class RunState:
             # a run resumed from this state samples the pending batches' prompts again
             "reissued_prompts": self.reissued_prompts + (self.pending_prompts if self.order_before_pending else 0),
             "dropped_stale_rows": self.dropped_stale_rows,
+            "failed_episodes": self.failed_episodes,
+            "failed_iterations_in_a_row": self.failed_iterations_in_a_row,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -49,6 +55,8 @@ class RunState:
         self.skipped_batches = int(state.get("skipped_batches", 0))
         self.reissued_prompts = int(state.get("reissued_prompts", 0))
         self.dropped_stale_rows = int(state.get("dropped_stale_rows", 0))
+        self.failed_episodes = int(state.get("failed_episodes", 0))
+        self.failed_iterations_in_a_row = int(state.get("failed_iterations_in_a_row", 0))
         self.prompt_order.load_state_dict(state["prompt_order"])
         self.update_generator.set_state(state["update_generator"])
         torch.set_rng_state(state["torch_rng"])
