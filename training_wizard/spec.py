@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from training_wizard.errors import UserError
 
@@ -33,6 +33,26 @@ class Spec(BaseModel):
 
     # An abstract spec type names the subclass a table without `spec_class` becomes (e.g. the simple data source).
     default_spec_class: ClassVar[str | None] = None
+    # True when built from Python keywords (`GRPOConfig(learning_rate=...)`), False from a recipe's table: errors
+    # found later name the key as the user wrote it (`key_path`). Copies (model_copy) keep it.
+    _from_keywords: bool = PrivateAttr(False)
+
+    def __init__(self, /, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise KeywordError.of(exc, type(self).__name__) from None
+        self._from_keywords = True
+
+    # pydantic calls a subclass's own __init__ from model_validate too, unless marked as its base one: so marked,
+    # this runs only for Python keywords, and a recipe's tables validate exactly as before
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise KeywordError.of(exc, type(self).__name__) from None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -60,6 +80,51 @@ class Spec(BaseModel):
             if value is not None:
                 out[name] = value
         return out
+
+
+def key_path(spec: Spec, key: str | None, table: str, argument: str = "args") -> str:
+    """How the user wrote `key` of `spec` (or, without a key, the spec itself): `table.key` in a recipe,
+    `argument.key` for a spec built from Python keywords (a config passed to a trainer as args=)."""
+    prefix = argument if spec._from_keywords else table
+    return f"{prefix}.{key}" if key else prefix
+
+
+class KeyValueError(ValueError):
+    """A validator's refusal of one of its table's keys. `key` and `detail` let the error line put the key in its
+    location (`format_validation_error`, `KeywordError`); the message itself names the key too."""
+
+    def __init__(self, key: str, detail: str):
+        super().__init__(f"{key}: {detail}")
+        self.key, self.detail = key, detail
+
+
+class KeywordError(ValidationError, UserError):
+    """pydantic's ValidationError of a spec built from Python keywords (its `errors()` kept), shown as one line
+    naming the class and keyword, as the recipe's error line names the file and key, without pydantic's
+    decoration (error counts, input_value=, documentation links)."""
+
+    line: str
+
+    @classmethod
+    def of(cls, exc: ValidationError, class_name: str) -> ValidationError:
+        errors = exc.errors()
+        try:
+            made = cls.from_exception_data(exc.title, errors)
+        except Exception:  # noqa: BLE001 - an error type pydantic cannot rebuild: the original, as it was
+            return exc
+        key, error = error_key(errors[0])
+        more = f" [and {len(errors) - 1} more error(s)]" if len(errors) > 1 else ""
+        text = (f"{error['msg']} (an unknown keyword argument: check the spelling; docs/configuration.md lists "
+                "the options)" if error["type"] == "extra_forbidden" else describe_error(error))
+        # a check of several keys names them in its own words
+        made.line = " ".join(f"{class_name}: {f'{key}: ' if key else ''}{text}{more}".split())
+        return made
+
+    def __str__(self) -> str:
+        return self.line
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.line!r})"
 
 
 def _plain(value: Any) -> Any:
@@ -213,14 +278,9 @@ def add_import_roots(path: Path) -> None:
 def format_validation_error(exc: ValidationError, path: Path, override_keys: list[str] | None = None) -> str:
     """One line: `file: key.path (line N): what was expected` for the first error (+ how many more)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = [str(part) for part in first["loc"] if not str(part).startswith("function-")]
-    # A table's validator that refuses one of its keys (trainers/trl_keys.py) names it as `key`, with `detail`:
-    # the line then points at that key, as for a field's own error.
-    cause = (first.get("ctx") or {}).get("error")
-    if getattr(cause, "key", None) and getattr(cause, "detail", None):
-        loc, first = [*loc, cause.key], {**first, "msg": cause.detail}
-    key = ".".join(loc) or "(top level)"
+    key, first = error_key(errors[0])
+    loc = key.split(".") if key else []
+    key = key or "(top level)"
     where = ""
     if override_keys and key in override_keys:
         where = " (command-line override)"
@@ -228,10 +288,21 @@ def format_validation_error(exc: ValidationError, path: Path, override_keys: lis
         line = find_toml_line(path.read_text(encoding="utf-8"), loc)
         where = f" (line {line})" if line else ""
     more = f" [and {len(errors) - 1} more error(s)]" if len(errors) > 1 else ""
-    return f"{path}: {key}{where}: {_describe(first)}{more}"
+    return f"{path}: {key}{where}: {describe_error(first)}{more}"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def error_key(error: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(dotted key, error) of one pydantic error. A table's validator that refuses one of its keys (a
+    KeyValueError) names it as `key`, with `detail`: the key then points at it, as for a field's own error."""
+    loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    cause = (error.get("ctx") or {}).get("error")
+    if getattr(cause, "key", None) and getattr(cause, "detail", None):
+        loc, error = [*loc, cause.key], {**error, "msg": cause.detail}
+    return ".".join(loc), error
+
+
+def describe_error(error: dict[str, Any]) -> str:
+    """What one pydantic error expected, in words, with the value found (never pydantic's own decoration)."""
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown key (check the spelling; see docs/configuration.md for the keys this section accepts)"

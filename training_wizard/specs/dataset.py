@@ -13,6 +13,7 @@ row i with the file and line it came from, for messages about that row.
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -347,20 +348,28 @@ def _check_prompt_formats(parts: list, label: str) -> None:
 
 def validate_prompt_row(row: dict[str, Any], index: int, label: str = "dataset") -> None:
     """Raise a UserError naming the row and field if `row` is not a valid prompt-only row."""
-    prompt = row.get("prompt")
+    where = f"{label} row {index}"
+    if not isinstance(row, Mapping):
+        raise UserError(f"{where}: expected a row like {{'prompt': ...}}, got {type(row).__name__} {row!r}"[:300])
+    check_prompt(row.get("prompt"), where)
+
+
+def check_prompt(prompt: Any, where: str) -> None:
+    """Raise a UserError starting with `where` (the row) if `prompt` is neither a non-empty string nor a list of
+    messages ending with the user's."""
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise UserError(f"{label} row {index}: prompt: empty string")
+            raise UserError(f"{where}: prompt: empty string")
         return
     if not isinstance(prompt, list) or not prompt:
-        raise UserError(f"{label} row {index}: prompt: expected a string or a list of messages, got {prompt!r}"[:300])
+        raise UserError(f"{where}: prompt: expected a string or a list of messages, got {prompt!r}"[:300])
     for position, message in enumerate(prompt):
         if not isinstance(message, dict) or message.get("role") not in PROMPT_ROLES:
-            raise UserError(f"{label} row {index}: prompt[{position}].role: expected system, user, assistant or tool")
+            raise UserError(f"{where}: prompt[{position}].role: expected system, user, assistant or tool")
         if not isinstance(message.get("content"), str):
-            raise UserError(f"{label} row {index}: prompt[{position}].content: expected a string")
+            raise UserError(f"{where}: prompt[{position}].content: expected a string")
     if prompt[-1]["role"] != "user":
-        raise UserError(f"{label} row {index}: prompt: the last message must be from the user")
+        raise UserError(f"{where}: prompt: the last message must be from the user")
 
 
 ROLE_HINT = ("expected system, user or assistant (or a role listed in training.extra_roles, if the chat template "

@@ -7,7 +7,15 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from training_wizard.spec import KeyValueError
 from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.trl_keys import shown
+
+# The keys that only the asynchronous schedule reads: set to anything but their default without async_rollouts they
+# would change nothing, which is refused rather than ignored. TRL 1.16's GRPOConfig and RLOOConfig have none of them
+# (tests/fixtures/trl_1_16_config_fields.json), so a ported TRL config never sets them.
+ASYNC_ONLY_KEYS = ("max_staleness", "max_inflight_tasks", "weight_sync_steps", "async_producer",
+                   "async_producer_timeout")
 
 
 class AsyncRolloutOptions(RunConfig):
@@ -39,6 +47,7 @@ class AsyncRolloutOptions(RunConfig):
     @model_validator(mode="after")
     def _async_options_agree(self) -> AsyncRolloutOptions:
         if not self.async_rollouts:
+            refuse_async_keys_without_async(self)
             return self
         if self.max_inflight_tasks == 0 or self.max_inflight_tasks < -1:
             raise ValueError(f"max_inflight_tasks = {self.max_inflight_tasks}: expected -1 (automatic) or a "
@@ -55,3 +64,13 @@ class AsyncRolloutOptions(RunConfig):
     def samples_ahead(self) -> bool:
         """Whether batches are sampled ahead of their iteration (async_rollouts with a bound above 0)."""
         return self.async_rollouts and self.max_staleness >= 1
+
+
+def refuse_async_keys_without_async(config: AsyncRolloutOptions) -> None:
+    """A KeyValueError naming the first async-only key set to a value other than its default (a key written at
+    its default asks for nothing and passes)."""
+    for key in ASYNC_ONLY_KEYS:
+        value, default = getattr(config, key), type(config).model_fields[key].default
+        if key in config.model_fields_set and value != default:
+            raise KeyValueError(key, f"{shown(value)} takes effect only with async_rollouts = true (sampling ahead of the "
+                                f"update); set async_rollouts = true, or remove {key}")

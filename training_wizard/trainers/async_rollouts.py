@@ -34,6 +34,8 @@ from training_wizard.errors import UserError
 from training_wizard.rollout.collector import RolloutRequest
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
+from training_wizard.spec import key_path
+from training_wizard.trainers.batch_plan import iterations_ahead
 from training_wizard.trainers.rollout_metrics import sampling_metrics
 
 
@@ -49,16 +51,8 @@ class PendingBatch:
 
 
 def batches_ahead(config: Any, plan: Any) -> int:
-    """Iterations sampled ahead of the one being trained: 0 in the synchronous loop, max_staleness by default,
-    else max_inflight_tasks over the completions per iteration (which must divide it)."""
-    if not config.samples_ahead:
-        return 0
-    if config.max_inflight_tasks == -1:
-        return config.max_staleness
-    if config.max_inflight_tasks % plan.batch_size:
-        raise UserError(f"training.max_inflight_tasks: {config.max_inflight_tasks} is not a multiple of the "
-                        f"{plan.batch_size} completions of one iteration (batches are sampled ahead whole)")
-    return config.max_inflight_tasks // plan.batch_size
+    """Iterations sampled ahead of the one being trained, as the batch plan derived them (checked there)."""
+    return iterations_ahead(config, plan.batch_size)
 
 
 def staleness(trainer: Any, policy_version: int) -> int:
@@ -78,7 +72,7 @@ def next_rollout(trainer: Any) -> TrajectoryBatch:
     batch = entry.batch
     if isinstance(batch, concurrent.futures.Future):
         waited = time.perf_counter()
-        batch = trainer.producer.result(batch, trainer.config.async_producer_timeout)
+        batch = trainer.producer.result(batch, trainer.config)
         trainer.producer.trainer_idle_s = time.perf_counter() - waited
     note_pending(trainer)
     if staleness(trainer, entry.request.policy_version) > trainer.config.max_staleness:
@@ -135,7 +129,7 @@ def start_producer(trainer: Any) -> RolloutProducer | None:
     ours = source is trainer.collector or getattr(source, "collector", None) is trainer.collector
     if config.async_producer != "thread" or trainer.accelerator.num_processes > 1 or config.use_vllm or not ours:
         if config.weight_sync_steps > 1:
-            raise UserError("training.weight_sync_steps: above 1 needs the producer thread, which runs with one "
+            raise UserError(f"{key_path(config, 'weight_sync_steps', 'training')}: above 1 needs the producer thread, which runs with one "
                             "process, the decode loop (use_vllm = false) and the trainer's own rollout sources")
         return None
     trainer.producer = RolloutProducer(trainer)
@@ -208,12 +202,14 @@ class RolloutProducer:
             except BaseException as exc:  # handed to the training thread, which raises it
                 future.set_exception(exc)
 
-    def result(self, future: concurrent.futures.Future, timeout: float) -> TrajectoryBatch:
-        """The producer's batch; its exception, as it raised it; one line if it gave nothing within `timeout`."""
+    def result(self, future: concurrent.futures.Future, config: Any) -> TrajectoryBatch:
+        """The producer's batch; its exception, as it raised it; one line if it gave nothing within the config's
+        async_producer_timeout."""
+        timeout = config.async_producer_timeout
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            raise UserError(f"training.async_producer_timeout: the rollout producer gave no batch within {timeout:g} "
+            raise UserError(f"{key_path(config, 'async_producer_timeout', 'training')}: the rollout producer gave no batch within {timeout:g} "
                             "s; the run stops here (its last checkpoint is intact)") from None
 
     def close(self) -> None:

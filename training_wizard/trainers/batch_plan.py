@@ -13,7 +13,8 @@ All counts are of *completions* unless named otherwise:
                          ceil(max_steps / (num_ppo_epochs * num_mini_batches)), total_episodes = iterations * batch_size
 
 TRL 1.x's steps_per_generation and generation_batch_size are other spellings of num_mini_batches; they are
-resolved into it here too.
+resolved into it here too. So is the async schedule's depth (`iterations_ahead`), which max_inflight_tasks gives
+in completions: derived with the plan, a recipe's --dry-run refuses what its run would.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from training_wizard.errors import UserError
+from training_wizard.spec import key_path
 
 
 class BatchSettings(Protocol):
@@ -83,7 +85,7 @@ def mini_batches_from_generation_batch_size(config: BatchSettings, world_size: i
     per_step = config.per_device_train_batch_size * world_size * config.gradient_accumulation_steps
     if config.generation_batch_size % per_step:
         raise UserError(
-            f"training: generation_batch_size ({config.generation_batch_size}) must be a multiple of "
+            f"{key_path(config, None, 'training')}: generation_batch_size ({config.generation_batch_size}) must be a multiple of "
             f"per_device_train_batch_size x processes x gradient_accumulation_steps ({per_step})"
         )
     return config.generation_batch_size // per_step
@@ -96,20 +98,23 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
     group = config.group_size()
     if local % group:
         raise UserError(
-            f"training: local_batch_size ({local} = per_device_train_batch_size {config.per_device_train_batch_size}"
+            f"{key_path(config, None, 'training')}: local_batch_size ({local} = per_device_train_batch_size {config.per_device_train_batch_size}"
             f" x gradient_accumulation_steps {config.gradient_accumulation_steps} x num_mini_batches"
             f" {config.num_mini_batches}) must be a multiple of {config.group_key} ({group})"
         )
     batch = local * world_size
+    iterations_ahead(config, batch)
     total = config.total_episodes
     if config.max_steps is not None:
         if total is not None:
-            raise UserError("training: set max_steps (optimizer steps) or total_episodes (completions), not both")
+            raise UserError(f"{key_path(config, None, 'training')}: set max_steps (optimizer steps) or "
+                            "total_episodes (completions), not both")
         steps_per_iteration = config.num_ppo_epochs * config.num_mini_batches
         total = math.ceil(config.max_steps / steps_per_iteration) * batch
     if total is None:
         if dataset_rows is None:
-            raise UserError("training: total_episodes is required when the dataset size is unknown")
+            raise UserError(f"{key_path(config, 'total_episodes', 'training')}: required when the dataset size is "
+                            "unknown")
         # passes over the prompts, as TRL 1.x counts epochs: each prompt gets its group's completions
         total = max(1, int(config.num_train_epochs * dataset_rows)) * group
     return BatchPlan(
@@ -123,3 +128,18 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
         total_episodes=total,
         num_iterations=math.ceil(total / batch),
     )
+
+
+def iterations_ahead(config, batch_size: int) -> int:
+    """Iterations sampled ahead of the one being trained (the async schedule, trainers/async_rollouts.py): 0 in the
+    synchronous loop, max_staleness by default, else max_inflight_tasks over the `batch_size` completions of one
+    iteration, which must divide it (batches are sampled ahead whole)."""
+    if not getattr(config, "samples_ahead", False):
+        return 0
+    if config.max_inflight_tasks == -1:
+        return config.max_staleness
+    if config.max_inflight_tasks % batch_size:
+        raise UserError(f"{key_path(config, 'max_inflight_tasks', 'training')}: {config.max_inflight_tasks} is not a "
+                        f"multiple of the {batch_size} completions of one iteration (batches are sampled ahead "
+                        f"whole); use a multiple of {batch_size}, or -1 for max_staleness iterations' worth")
+    return config.max_inflight_tasks // batch_size

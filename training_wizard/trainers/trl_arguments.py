@@ -21,11 +21,19 @@ accelerate and DeepSpeed), `quantization_config` (also inside model_init_kwargs)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import torch
+from pydantic import ValidationError
+
 from training_wizard.errors import UserError
+from training_wizard.spec import describe_error, error_key
+from training_wizard.specs.prompt_rows import check_prompt_rows
 from training_wizard.trainers.config import OnPolicyConfig
 
 # The older constructor's name for each TRL argument it shares a meaning with.
@@ -53,6 +61,9 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     for name in ("train_dataset", "eval_dataset", "tools", "environment_factory"):
         if trl.get(name) is not None:
             passed[name] = trl[name]
+    for name in ("train_dataset", "eval_dataset"):  # before any model loads: a bad row costs no loading time
+        if passed.get(name) is not None:
+            check_prompt_rows(passed[name], name)
     if not any(trl.get(name) is not None for name in _TRL_ONLY):
         return passed  # the older arguments as they were given
     model = trl["model"] if trl.get("model") is not None else passed.pop("policy", None)
@@ -107,14 +118,20 @@ def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config:
     from training_wizard.specs.model import TransformerSpec, apply_peft
 
     kwargs = model_init_kwargs(config)
+    if not isinstance(model, (str, PathLike, torch.nn.Module)):
+        raise UserError(f"model: expected a model folder, a cached Hub id or a transformers model, got "
+                        f"{type(model).__name__}")
+    if isinstance(model, PathLike):
+        model = str(model)
     if isinstance(model, str):
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None)) or config.dtype
         fields = {key: kwargs.pop(key) for key in _SPEC_KEYS if key in kwargs}
         fields.setdefault("trust_remote_code", getattr(config, "trust_remote_code", False))
         kwargs.pop("device_map", None)  # accelerate places the model
         spec = TransformerSpec(pretrained_name=model, from_pretrained_kwargs=kwargs, **fields)
-        tokenizer = padded(tokenizer) if tokenizer is not None else spec.load_tokenizer()
-        model = spec.load_causal_lm(checkpoint_dtype(spec) if dtype == "auto" else dtype, tokenizer)
+        with model_argument_errors():
+            tokenizer = padded(tokenizer) if tokenizer is not None else spec.load_tokenizer()
+            model = spec.load_causal_lm(checkpoint_dtype(spec) if dtype == "auto" else dtype, tokenizer)
     else:
         if tokenizer is None:
             name = getattr(model.config, "name_or_path", None)
@@ -133,6 +150,16 @@ def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config:
                             "or pass the model without peft_config")
         model = apply_peft(model, peft_config, "peft_config")
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def model_argument_errors():
+    """Errors of loading the model= argument name that argument, where the [model] table's loader names its key
+    (model.pretrained_name) for a recipe."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(re.sub(r"^model\.(pretrained_name|tokenizer_name):", "model:", str(exc))) from None
 
 
 def padded(tokenizer: Any) -> Any:
@@ -171,11 +198,12 @@ def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConf
     weights = getattr(config, "reward_weights", None)
     try:
         return RewardObjectsSpec(reward_funcs=functions, reward_weights=weights)
-    except ValueError as exc:  # pydantic's ValidationError: one line of it
-        raise UserError(f"reward_funcs: {' '.join(str(exc).splitlines()[1:3])}") from None
+    except ValidationError as exc:  # its validators name reward_funcs[i] or reward_weights (which args holds)
+        message = describe_error(error_key(exc.errors()[0])[1])
+        if message.startswith("reward_weights"):
+            raise UserError(f"args.{message}") from None
+        raise UserError(message if message.startswith("reward_funcs") else f"reward_funcs: {message}") from None
 
 
 def is_model(value: Any) -> bool:
-    import torch
-
     return isinstance(value, torch.nn.Module)

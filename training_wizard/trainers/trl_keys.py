@@ -17,16 +17,12 @@ from typing import Any, Callable
 
 from pydantic import Field, model_validator
 
+from training_wizard.spec import KeyValueError
 from training_wizard.trainers.run_config import RunConfig
 
 
-class TRLKeyError(ValueError):
-    """A TRL key refused in one line. `key` and `detail` let the recipe's error line put the key in its location
-    (spec.format_validation_error); the message itself names the key too, for the Python API."""
-
-    def __init__(self, key: str, detail: str):
-        super().__init__(f"{key}: {detail}")
-        self.key, self.detail = key, detail
+class TRLKeyError(KeyValueError):
+    """A TRL key refused in one line (its key and detail: spec.KeyValueError)."""
 
 
 def shown(value: Any) -> str:
