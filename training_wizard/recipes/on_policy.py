@@ -116,7 +116,7 @@ class OnPolicyRecipe(Recipe):
         console.print(batch_table(plan))
         for note in batch_notes(plan, len(train_rows)):
             console.print(f"note: {note}", soft_wrap=True)
-        self.check_can_start(config, accelerator, console)
+        self.check_can_start(config, accelerator, console, train_rows)
         if dry_run:
             self._show_prompts(train_rows, tokenizer, console)
             return
@@ -130,13 +130,20 @@ class OnPolicyRecipe(Recipe):
         if accelerator.is_main_process:
             self.finish_outputs(time.perf_counter() - started, console)
 
-    def check_can_start(self, config, accelerator, console: Console) -> None:
+    def check_can_start(self, config, accelerator, console: Console, train_rows=None) -> None:
         """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the
-        generation backend (vLLM installed, a launch it runs under); warnings about likely mistakes."""
+        generation backend (vLLM installed, a launch it runs under); with an [environment], one environment built
+        and reset on the first row of `train_rows` it serves, its tools and a reward (rollout/episode_start.py);
+        warnings about likely mistakes."""
         from training_wizard.trainers.setup import check_generation_can_start
 
         super().check_can_start(config, accelerator, console)
         check_generation_can_start(accelerator, config)
+        if self.environment is not None and train_rows is not None:
+            from training_wizard.rollout.episode_start import check_episodes_can_start
+
+            check_episodes_can_start(self.environment.load(), self.environment.settings(), self.reward is not None,
+                                     train_rows)
         for warning in config.start_warnings():
             console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 

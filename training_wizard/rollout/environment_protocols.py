@@ -10,6 +10,8 @@
 A protocol turns a reply into `Job`s (calls to run, each within environment_timeout, concurrently) and their
 results into an `Answer`: the messages to splice in, a reward, a stop reason, and the call counts the tools/*
 metrics read. Neither a job's exception nor its timeout ends the run: each becomes an error message to the model.
+What a job returns against its contract (a step's shape, a reward that is not a finite number) is the user's bug
+and stops the run in one line (environment_contracts.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from training_wizard.errors import UserError
+from training_wizard.rollout.environment_contracts import (
+    checked_reward, checked_step, method_name, raised, refuse_duplicate_tools,
+)
 from training_wizard.rollout.tools import (
     ParsedReply, ToolCall, awaited_value, call_tool, environment_tools, error_text, tool_schema,
 )
@@ -71,17 +77,17 @@ class TextProtocol:
     def tools_of(self, environment: Any) -> tuple[dict[str, Callable], list[dict] | None]:
         return {}, None
 
-    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse) -> Turn | Answer:
+    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse, row: int = -1) -> Turn | Answer:
         def answer(results: list[JobResult]) -> Answer:
             found = results[0]
             if found.ends_episode:  # the environment cannot go on: the episode ends, its rewards so far kept
                 return Answer([self._message(error_text(found.error))], stop=StopReason.ENVIRONMENT_DONE, errors=1)
             if found.error is not None:  # the step raised or timed out: the model reads why, the episode goes on
                 return self._limit(Answer([self._message(error_text(found.error))], errors=1), replies)
-            observation, reward, done = found.value
+            observation, reward, done = checked_step(environment, found.value, row)
             if done or observation is None:
-                return Answer(reward=float(reward or 0.0), stop=StopReason.ENVIRONMENT_DONE)
-            return self._limit(Answer([self._message(str(observation))], reward=float(reward or 0.0)), replies)
+                return Answer(reward=reward, stop=StopReason.ENVIRONMENT_DONE)
+            return self._limit(Answer([self._message(observation)], reward=reward), replies)
         return Turn([lambda: environment.step(reply)], answer)
 
     @staticmethod
@@ -93,7 +99,7 @@ class TextProtocol:
             return Answer(reward=answer.reward, stop=StopReason.TURNS, errors=answer.errors)
         return answer
 
-    def final_reward(self, environment: Any) -> float:
+    def final_reward(self, environment: Any, row: int = -1) -> float:
         return 0.0
 
 
@@ -103,6 +109,7 @@ class ToolsProtocol:
     name = "tools"
 
     def __init__(self, functions: list[Callable], max_rounds: int | None):
+        refuse_duplicate_tools([(function.__name__, function) for function in functions])
         self.functions = {function.__name__: function for function in functions}
         self.function_schemas = [tool_schema(function) for function in functions]
         self.max_rounds = max_rounds
@@ -111,10 +118,11 @@ class ToolsProtocol:
         """The tools an episode may call (its environment's methods, then the plain functions) and their
         schemas for the chat template."""
         methods = environment_tools(environment) if environment is not None else {}
+        refuse_duplicate_tools([*methods.items(), *self.functions.items()])
         schemas = [tool_schema(method) for method in methods.values()] + self.function_schemas
         return {**methods, **self.functions}, schemas or None
 
-    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse) -> Turn | Answer:
+    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse, row: int = -1) -> Turn | Answer:
         parsed: ParsedReply = parse(reply)
         if not parsed.attempted:
             return Answer(stop=StopReason.STOP_TOKEN)  # no call: this reply is the model's answer
@@ -133,9 +141,18 @@ class ToolsProtocol:
             return Answer(messages, calls=len(parsed.calls), failures=failures, malformed=parsed.malformed)
         return Turn([_bound(tools, call) for call in parsed.calls], answer)
 
-    def final_reward(self, environment: Any) -> float:
+    def final_reward(self, environment: Any, row: int = -1) -> float:
+        """The finished episode's `get_reward()` (0 without one); its exception or a value that is not a finite
+        number is the environment's bug: one line naming the method and the row."""
         scorer = getattr(environment, "get_reward", None)
-        return float(awaited_value(scorer())) if scorer is not None else 0.0
+        if scorer is None:
+            return 0.0
+        where = f"environment: dataset row {row}: {method_name(environment, 'get_reward')}"
+        try:
+            value = awaited_value(scorer())
+        except Exception as error:  # noqa: BLE001 - the environment's own scorer: a bug the run cannot go on with
+            raise UserError(f"{where} raised {raised(error)}") from None
+        return checked_reward(where, value)
 
 
 def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:

@@ -33,6 +33,9 @@ from training_wizard.rollout.collector import (
 from training_wizard.rollout.environment_protocols import (
     Answer, EnvironmentFailure, JobResult, TextProtocol, ToolsProtocol, Turn,
 )
+from training_wizard.rollout.episode_start import (  # noqa: F401 - factory_name, gives_reward: their home was here
+    check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_environment,
+)
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts, left_pad, row_seed
 from training_wizard.rollout.tools import reply_parser
@@ -78,6 +81,7 @@ class Episode:
     prompt_ids: list[int]
     prompt_messages: list[dict[str, Any]] | None  # None: a plain-text prompt
     name: str = ""  # the factory's name: the reward component the environment's reward goes to
+    row: int = -1  # the dataset row it plays: errors name it
     ids: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)  # the loss mask: True for the model's tokens
     logprobs: list[float] = field(default_factory=list)
@@ -103,14 +107,13 @@ def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSet
     """How a trainer given an environment or tools plays its episodes (the given settings with the tools added),
     its training chat template set on the tokenizer before any prompt is rendered; None: single replies.
     Without a reward of its own (`has_reward`) the run needs an environment that gives one."""
-    if environment_factory is None and not tools:
-        return None
+    if environment_factory is None and not tools and not (settings is not None and settings.tools):
+        return None  # single replies (a recipe's tools-only table gives its tools in the settings)
     settings = settings or EpisodeSettings()
-    factories = list(environment_factory.values()) if isinstance(environment_factory, dict) else (
-        [environment_factory] if environment_factory is not None else [])
-    if not has_reward and not (settings.protocol == "text" or any(gives_reward(f) for f in factories)):
-        raise UserError("reward: none is given and the environment has no get_reward method, so no episode would "
-                        "be scored; add a [reward] table (reward_model=) or a get_reward method")
+    check_reward_source(factory_table(environment_factory).values(), settings.protocol, has_reward)
+    if settings.protocol == "text" and (tools or settings.tools):
+        raise UserError("environment: tools are given with the text protocol, which shows the model none (its "
+                        "environment reads each reply); use the tools protocol, or give no tools")
     if settings.chat_template is not None:
         tokenizer.chat_template = load_chat_template(settings.chat_template)
     return dataclasses.replace(settings, tools=tuple(settings.tools) + tuple(tools or ()))
@@ -120,17 +123,6 @@ def turn_seed(row_seed_value: int, turn: int) -> int:
     """The sampling key of one turn: the row's own key for the first (a one-turn episode samples what a single
     reply would), keyed by (row, turn) after it, so results do not depend on batch or process count."""
     return row_seed_value if turn == 0 else row_seed(row_seed_value, turn, 1)
-
-
-def factory_name(factory: Callable) -> str:
-    return getattr(factory, "__name__", type(factory).__name__)
-
-
-def gives_reward(factory: Callable) -> bool:
-    """Whether a tools environment's episodes have a reward of their own (TRL's rule: a `get_reward` method).
-    A factory that is a function may make anything: its component is kept, 0 where an environment has none."""
-    factory = getattr(factory, "__wrapped__", factory)  # a factory bound to keyword arguments (factory_kwargs)
-    return not isinstance(factory, type) or callable(getattr(factory, "get_reward", None))
 
 
 class EpisodePlayer:
@@ -143,8 +135,7 @@ class EpisodePlayer:
                  settings: EpisodeSettings = EpisodeSettings()):
         self.tokenizer, self.backend, self.sampling, self.limits, self.settings = (
             tokenizer, backend, sampling, limits, settings)
-        self.factories = environment_factory if isinstance(environment_factory, dict) else (
-            {"": environment_factory} if environment_factory is not None else {})
+        self.factories = factory_table(environment_factory)
         if settings.protocol == "text" and not self.factories:
             raise UserError("environment: the text protocol needs an environment factory")
         if settings.protocol == "tools" and not self.factories and not settings.tools:
@@ -176,13 +167,10 @@ class EpisodePlayer:
         """A fresh environment for dataset row `row`; its reset text joins the prompt's last user message."""
         columns = {name: values[row] for name, values in prompts.columns.items()}
         prompt = prompts.prompts[row] if prompts.prompts else None
-        name, environment = self._factory(columns, row)
-        opening, failed = None, False
-        try:
-            opening = environment.reset(**{"prompt": prompt, **columns}) if hasattr(environment, "reset") else None
-        except EnvironmentFailure as failure:  # the model still replies once (an episode has a reply), then it ends
+        name, environment = new_environment_for(self.factories, columns, row)
+        opening, failure = reset_environment(environment, prompt, columns, row)
+        if failure is not None:  # the model still replies once (an episode has a reply), then it ends
             print(f"warning: dataset row {row}: the environment could not reset: {failure}", flush=True)
-            failed = True
         tools, schemas = self.protocol.tools_of(environment)
         if isinstance(prompt, str) and self.settings.protocol == "tools":
             prompt = [{"role": "user", "content": prompt}]  # tools need the chat template
@@ -196,20 +184,8 @@ class EpisodePlayer:
         else:
             ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
             episode = Episode(environment, tools, schemas, ids, None, name)
-        episode.failed = failed
+        episode.failed, episode.row = failure is not None, row
         return episode
-
-    def _factory(self, columns: dict[str, Any], row: int) -> tuple[str, Any]:
-        """(the factory's name, a fresh environment) for a row: the only factory, or the one its `environment`
-        column names; ("", None) with tools only."""
-        if not self.factories:
-            return "", None
-        chosen = "" if "" in self.factories else columns.get("environment")
-        if chosen not in self.factories:
-            raise UserError(f"dataset row {row}: column 'environment' is {chosen!r}; expected one of "
-                            f"{', '.join(sorted(self.factories))} (the environment factories)")
-        factory = self.factories[chosen]
-        return factory_name(factory), factory()
 
     def _turn(self, model, seeds: list[int], episodes: list[Episode], turn: int, device) -> None:
         """One reply for every running episode, then the environments' answers."""
@@ -238,7 +214,7 @@ class EpisodePlayer:
                 episode.stop = StopReason.LENGTH
                 continue
             step = Answer(stop=StopReason.ENVIRONMENT_DONE, errors=1) if episode.failed else self.protocol.turn(
-                episode.environment, episode.tools, text, len(episode.replies), self.parse)
+                episode.environment, episode.tools, text, len(episode.replies), self.parse, episode.row)
             pending[i] = (step, ids[-1] if ids else None)
         results = self._run_jobs({i: step.jobs for i, (step, _) in pending.items() if isinstance(step, Turn)})
         for i, (step, reply_end) in pending.items():
@@ -305,10 +281,10 @@ class EpisodePlayer:
         """The environments' end-of-episode rewards (get_reward) and the tokenization check; the error that must
         stop the run (a failing get_reward, a strict check's difference), or None."""
         try:
-            for episode in episodes:
-                episode.reward += self.protocol.final_reward(episode.environment)
-        except Exception as exc:  # the environment's own scorer: a bug the run cannot go on with
-            return f"environment: get_reward raised {type(exc).__name__}: {exc}"
+            for row, episode in zip(rows, episodes):
+                episode.reward += self.protocol.final_reward(episode.environment, row)
+        except UserError as error:  # the environment's own scorer broke its contract: the run cannot go on
+            return str(error)
         if self.settings.tokenization_check != "off":
             return self._check_tokenization(rows, episodes)
         return None
@@ -365,8 +341,13 @@ class EpisodeSource:
             if engine.sharded:
                 raise UserError("environment: episodes of several turns need the model's whole weights on each "
                                 "process (plain data parallel, or ds3_gather_for_generation = true)")
-            episodes = player.play(engine.model, request.prompts, request.rows, request.seeds,
-                                   collector.accelerator.device)
+            broken = None
+            try:
+                episodes = player.play(engine.model, request.prompts, request.rows, request.seeds,
+                                       collector.accelerator.device)
+            except UserError as error:  # an environment broke its contract here: every process stops with it
+                broken = str(error)
+            collector.collectives.raise_if_any_failed(broken)
             sampled = self._token_batch(episodes, time.perf_counter() - started)
             passes = collector.logprob_passes(engine, sampled)
         collector.collectives.raise_if_any_failed(player.finish(request.rows, episodes))

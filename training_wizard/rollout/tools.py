@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from training_wizard.errors import UserError
+from training_wizard.rollout.environment_contracts import parsed_calls
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
@@ -124,14 +125,14 @@ def parse_with_tokenizer(tokenizer, text: str) -> ParsedReply:
 
 def reply_parser(tokenizer, custom: Callable[[str], Any] | None = None) -> Callable[[str], ParsedReply]:
     """The parser of an episode's replies: the recipe's own (`tool_parser`, text -> a list of {"name",
-    "arguments"}; raising ValueError for a malformed reply), else the tokenizer's response parser, else Hermes."""
+    "arguments"}; raising ValueError for a malformed reply), else the tokenizer's response parser, else Hermes.
+    The recipe's parser breaking its contract (another exception, a value that is not a list) stops the run."""
     if custom is not None:
         def parse_custom(text: str) -> ParsedReply:
-            try:
-                found = custom(text)
-            except ValueError:
+            found = parsed_calls(custom, text)
+            if found is None:
                 return ParsedReply([], 1)
-            calls = [_call_from_json(entry) for entry in found or []]
+            calls = [_call_from_json(entry) for entry in found]
             return ParsedReply([call for call in calls if call], sum(call is None for call in calls))
         return parse_custom
     if getattr(tokenizer, "response_template", None):

@@ -66,6 +66,9 @@ class EnvironmentSpec(Spec):
         if self.factory is None and (self.protocol == "text" or not self.tools):
             raise ValueError("name an environment factory" + (" (the text protocol steps one)" if self.protocol
                                                                == "text" else ", tools, or both"))
+        if self.protocol == "text" and (self.tools or self.tool_parser):
+            raise ValueError(f"{'tools' if self.tools else 'tool_parser'}: the text protocol shows the model no "
+                             "tools (its environment reads each reply); set protocol = \"tools\", or remove it")
         if self.factory_kwargs and not isinstance(self.factory, str):
             raise ValueError("factory_kwargs: expected one factory (factory = 'package.module:Name') to call with "
                              "them")

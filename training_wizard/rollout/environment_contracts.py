@@ -1,0 +1,145 @@
+"""The contracts user code keeps with the episode player, checked where each is called.
+
+An environment's constructor, `reset`, `step` and `get_reward`, and a recipe's tool parser are the user's code: a
+broken one is the user's bug, which stops the run in one line naming the class or function, the rule and what it
+returned or raised (a `UserError`, exit code 2). What the model can cause stays an episode's business: a tool that
+raises and a text step that raises are messages to the model (environment_protocols.py), and an
+`EnvironmentFailure` ends one episode.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from typing import Any, Callable
+
+import numpy
+
+from training_wizard.errors import UserError
+
+# What a step of another library's shape returned, and how to give ours: by the number of values.
+_STEP_SHAPES = {
+    4: "gym's (observation, reward, done, info)? return (observation, reward, done)",
+    5: "gymnasium's (observation, reward, terminated, truncated, info)? return (observation, reward, "
+       "terminated or truncated)",
+}
+
+
+def qualified_name(target: Any) -> str:
+    """'package.module:Name' of a class or function (a factory bound to its factory_kwargs: the factory's)."""
+    target = getattr(target, "__wrapped__", target)
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}:{name}" if module else name
+
+
+def method_name(environment: Any, method: str) -> str:
+    return f"{qualified_name(type(environment))}.{method}"
+
+
+def shown(value: Any) -> str:
+    """A returned value as an error message names it: its type, and the value itself when short."""
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} value{'s' if len(value) != 1 else ''}"
+    text = repr(value)
+    return f"the {type(value).__name__} {text}" if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def raised(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def new_environment(factory: Callable[[], Any]) -> Any:
+    """One environment from its factory (with its factory_kwargs, when the recipe gives them)."""
+    name, kwargs = qualified_name(factory), dict(getattr(factory, "keywords", None) or {})
+    try:
+        signature = inspect.signature(getattr(factory, "__wrapped__", factory))
+    except (TypeError, ValueError):  # a builtin or an extension type: its own call says what is wrong
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as error:
+            given = f"with factory_kwargs {kwargs}" if kwargs else "without arguments"
+            raise UserError(f"environment: {name} cannot be called {given} ({error}); it is called once per "
+                            "episode with [environment] factory_kwargs as its keyword arguments") from None
+    try:
+        return factory()
+    except UserError:  # an adapter's own check of its factory_kwargs (OpenEnv, reasoning-gym): already one line
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's constructor: its bug stops the run in one line
+        arguments = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+        raise UserError(f"environment: {name}({arguments}) raised {raised(error)}") from None
+
+
+def checked_opening(environment: Any, opening: Any, row: int) -> str | None:
+    """What `reset` returned, which must be text to append to the prompt's last user message, or None."""
+    if opening is None or isinstance(opening, str):
+        return opening
+    raise UserError(f"environment: dataset row {row}: {method_name(environment, 'reset')} must return the text to "
+                    f"append to the prompt (a str) or None; it returned {shown(opening)}")
+
+
+def checked_step(environment: Any, value: Any, row: int) -> tuple[str | None, float, bool]:
+    """A text step's (observation, reward, done), each of the type the protocol names; the reward as a float."""
+    where = f"environment: dataset row {row}: {method_name(environment, 'step')}"
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        hint = _STEP_SHAPES.get(len(value), "") if isinstance(value, (tuple, list)) else ""
+        raise UserError(f"{where} must return (observation, reward, done); it returned {shown(value)}"
+                        + (f" ({hint})" if hint else ""))
+    observation, reward, done = value
+    if observation is not None and not isinstance(observation, str):
+        raise UserError(f"{where} must return the observation as text (a str) or None; it returned "
+                        f"{shown(observation)} (json.dumps it to show the model JSON)")
+    if not isinstance(done, (bool, numpy.bool_)):
+        raise UserError(f"{where} must return done as True or False; it returned {shown(done)}")
+    return observation, checked_reward(where, reward, "its reward as "), bool(done)
+
+
+def checked_reward(where: str, reward: Any, what: str = "") -> float:
+    """An environment's reward as a float: None counts as 0; anything else must be a finite number. `where`
+    names the method (and row)."""
+    if reward is None:
+        return 0.0
+    number = isinstance(reward, numbers.Real) or (hasattr(reward, "__float__") and getattr(reward, "ndim", 0) == 0)
+    value = float(reward) if number else math.nan
+    if not number or not math.isfinite(value):
+        raise UserError(f"{where} must return {what}a finite number or None; it returned {shown(reward)}")
+    return value
+
+
+def parsed_calls(parser: Callable[[str], Any], text: str) -> list | None:
+    """A recipe's tool parser on one reply: its list of calls, or None for a reply it calls malformed (ValueError,
+    the parser's contract). Any other exception, or a value that is not a list, is the parser's bug."""
+    where = f"environment.tool_parser: {qualified_name(parser)}"
+    try:
+        found = parser(text)
+    except ValueError:
+        return None
+    except Exception as error:  # noqa: BLE001 - the user's parser: its bug stops the run in one line
+        raise UserError(f"{where} raised {raised(error)}; it must return a list of {{'name', 'arguments'}} or "
+                        "raise ValueError for a reply it cannot read") from None
+    if found is None:
+        return []
+    if not isinstance(found, (list, tuple)):
+        raise UserError(f"{where} must return a list of {{'name', 'arguments'}} (or None for no call); it returned "
+                        f"{shown(found)}")
+    return list(found)
+
+
+def refuse_duplicate_tools(named: list[tuple[str, Callable]]) -> None:
+    """Two tools of one name would be shown to the model twice while only one could run: one line naming both."""
+    seen: dict[str, Callable] = {}
+    for name, function in named:
+        if name in seen:
+            raise UserError(f"environment: two tools are named {name!r} ({_tool_name(seen[name])} and "
+                            f"{_tool_name(function)}); the model could call only one of them: rename one")
+        seen[name] = function
+
+
+def _tool_name(function: Callable) -> str:
+    owner = getattr(function, "__self__", None)
+    return method_name(owner, function.__name__) if owner is not None else qualified_name(function)
