@@ -238,6 +238,8 @@ def test_the_summary_says_how_many_episodes_failed(tiny_model_dir, tmp_path, cap
     line = ("failed episodes: 2 of 8 (25.0%) ended by an environment that could not reset or go on "
             "(episodes/failed in metrics.jsonl)")
     assert summary.lines()[1] == line and line in capsys.readouterr().out
+    report = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "<th>failed episodes</th><td>2 of 8 (25.0%) ended by an environment" in report
 
 
 def test_a_summary_without_failures_says_nothing_of_them(tmp_path):

@@ -30,6 +30,9 @@ def _summary(summary: RunSummary) -> str:
     facts = [("trained", f"{summary.algorithm or '?'} from {summary.base_model or '?'}"
                          f"{' (LoRA adapter)' if summary.lora else ''}"),
              ("episodes", f"{summary.episodes} ({summary.iterations} logged iterations)")]
+    failures = summary.failure_line()
+    if failures:
+        facts.append(("failed episodes", failures.removeprefix("failed episodes: ")))
     if summary.wall_seconds is not None:
         facts.append(("wall time", format_seconds(summary.wall_seconds)))
     evaluation = summary.evaluation_line()
