@@ -62,6 +62,21 @@ StepDoneText = stepping(("Try again.", 1.0, "no"))
 StepDictObservation = stepping(({"board": 1}, 1.0, False))
 
 
+class NanScore:
+    """A tools environment (no tools of its own) whose get_reward is not a number."""
+
+    def reset(self, prompt=None, **row):
+        return None
+
+    def get_reward(self):
+        return math.nan
+
+
+class ScoreRaises(NanScore):
+    def get_reward(self):
+        return 1 / 0
+
+
 def undocumented(a, b):
     return a * b
 
@@ -165,6 +180,11 @@ RUN_CASES = {
         TOOL_TABLES.format(environment=f'tools = ["{TOOLS}:multiply"]\ntool_parser = "{HERE}:parser_with_a_bug"',
                            reward=REWARD),
         f"environment.tool_parser: {HERE}:parser_with_a_bug raised TypeError: unsupported operand"),
+    "get_reward returning NaN": (
+        TOOL_TABLES.format(environment=f'factory = "{HERE}:NanScore"', reward=""),
+        f"{HERE}:NanScore.get_reward must return a finite number or None; it returned the float nan"),
+    "get_reward raising": (TOOL_TABLES.format(environment=f'factory = "{HERE}:ScoreRaises"', reward=""),
+                           f"{HERE}:ScoreRaises.get_reward raised ZeroDivisionError: division by zero"),
 }
 
 
