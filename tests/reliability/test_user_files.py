@@ -127,7 +127,7 @@ def test_dry_run_refuses_an_output_dir_that_is_a_file_writing_nothing(tmp_path, 
     target = tmp_path / "taken"
     target.write_text("a file")
     dry, real = _dry_run_and_run(recipe, target, tmp_path / "logs" / "file")
-    assert dry == real and "is a file" in dry
+    assert dry == real and "(it is a file)" in dry
     under = target / "run"
     dry, real = _dry_run_and_run(recipe, under, tmp_path / "logs" / "under")
     assert dry == real and f"('{target}' is a file)" in dry

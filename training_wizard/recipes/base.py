@@ -216,11 +216,12 @@ def check_output_dir_usable(output_dir: str) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
-        where = "is a file" if existing == folder else f"cannot be made a folder ('{existing}' is a file)"
-        raise UserError(f"output_dir: '{output_dir}' {where}; choose a writable folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"output_dir: cannot create or write '{output_dir}' (permission denied on '{existing}'); "
-                        "choose a writable folder")
+        reason = "it is a file" if existing == folder else f"'{existing}' is a file"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = f"permission denied on '{existing}'"
+    else:
+        return
+    raise UserError(f"output_dir: cannot create or write '{output_dir}' ({reason}); choose a writable folder")
 
 
 def check_data_outside(recipe: BaseModel, output_dir: str) -> None:
