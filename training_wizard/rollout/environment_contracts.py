@@ -61,7 +61,7 @@ def new_environment(factory: Callable[[], Any]) -> Any:
         signature = None
     if signature is not None:
         try:
-            signature.bind(**kwargs)
+            signature.bind(*getattr(factory, "args", ()), **kwargs)
         except TypeError as error:
             given = f"with factory_kwargs {kwargs}" if kwargs else "without arguments"
             raise UserError(f"environment: {name} cannot be called {given} ({error}); it is called once per "
