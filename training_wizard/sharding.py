@@ -100,6 +100,20 @@ def wait_for_each_zero3_gather(accelerator) -> None:
         plugin.set_deepspeed_weakref()
 
 
+def zero3_lora_warning(accelerator, uses_lora: bool) -> str | None:
+    """The line a run that trains a LoRA adapter under DeepSpeed ZeRO-3 prints at start; None for any other run.
+
+    Two-process ZeRO-3 + LoRA runs on CPU (gloo) have ended away from the one-process run now and then, and what
+    differed is not yet known (docs/distributed.md, "ZeRO-3 + LoRA"): until it is, such a run says so rather than
+    leave a user to find out from a model that trained differently.
+    """
+    if not uses_lora or zero_stage(accelerator) != 3:
+        return None
+    return ("DeepSpeed ZeRO-3 with LoRA: two-process runs have been seen to differ from one-process runs now and then "
+            "(cause under investigation, docs/distributed.md); for results that must not depend on the process count, "
+            "train the adapter under ZeRO-2 or plain data parallel")
+
+
 def needs_separate_reference(accelerator, policy: torch.nn.Module) -> bool:
     """Under ZeRO-3 a full (non-LoRA) policy cannot be copied into a reference: its parameters are partitioned
     stubs. The recipe then loads the reference from the model spec a second time (TRL does the same)."""
