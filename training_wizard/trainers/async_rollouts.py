@@ -72,7 +72,7 @@ def next_rollout(trainer: Any) -> TrajectoryBatch:
     batch = entry.batch
     if isinstance(batch, concurrent.futures.Future):
         waited = time.perf_counter()
-        batch = trainer.producer.result(batch, trainer.config)
+        batch = trainer.producer.result(batch, trainer.config.async_producer_timeout)
         trainer.producer.trainer_idle_s = time.perf_counter() - waited
     note_pending(trainer)
     if staleness(trainer, entry.request.policy_version) > trainer.config.max_staleness:
@@ -160,6 +160,7 @@ class RolloutProducer:
         # seconds the trainer waited for the last batch, and the producer for its last job
         self.trainer_idle_s = self.producer_idle_s = 0.0
         self.thread: threading.Thread | None = None
+        self.timeout_key = key_path(trainer.config, "async_producer_timeout", "training")  # as the user wrote it
 
     @torch.no_grad()
     def sync(self, policy: torch.nn.Module, version: int) -> None:
@@ -202,14 +203,12 @@ class RolloutProducer:
             except BaseException as exc:  # handed to the training thread, which raises it
                 future.set_exception(exc)
 
-    def result(self, future: concurrent.futures.Future, config: Any) -> TrajectoryBatch:
-        """The producer's batch; its exception, as it raised it; one line if it gave nothing within the config's
-        async_producer_timeout."""
-        timeout = config.async_producer_timeout
+    def result(self, future: concurrent.futures.Future, timeout: float) -> TrajectoryBatch:
+        """The producer's batch; its exception, as it raised it; one line if it gave nothing within `timeout`."""
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            raise UserError(f"{key_path(config, 'async_producer_timeout', 'training')}: the rollout producer gave no batch within {timeout:g} "
+            raise UserError(f"{self.timeout_key}: the rollout producer gave no batch within {timeout:g} "
                             "s; the run stops here (its last checkpoint is intact)") from None
 
     def close(self) -> None:
