@@ -58,6 +58,21 @@ class FailsOnOnePrompt:
         return "Thanks.", 1.0, True
 
 
+class RaisesOnceThenEnds:
+    """Its first step raises an ordinary error (a message to the model, the episode goes on); the next ends the
+    episode as done: an error, not a failure."""
+
+    def reset(self, prompt=None, **columns):
+        self.steps = 0
+        return "Say something."
+
+    def step(self, reply):
+        self.steps += 1
+        if self.steps == 1:
+            raise ValueError("that is not a move")
+        return None, 1.0, True
+
+
 def reply_length(prompts, completions, **columns):
     return [len(text) / 10 for text in completions]
 
@@ -228,6 +243,16 @@ def test_max_environment_failures_one_never_stops(tokenizer, tmp_path):
                            environment_failure_iterations=1, total_episodes=8)
     trainer.train()
     assert [record["episodes/failed_total"] for record in read_metrics(tmp_path)] == [4, 8]
+
+
+def test_a_step_that_raised_and_an_episode_that_ended_as_done_is_not_a_failure(tokenizer, tmp_path):
+    trainer = make_trainer(tokenizer, tmp_path, RaisesOnceThenEnds, max_environment_failures=0.0,
+                           environment_failure_iterations=1, total_episodes=8)
+    trainer.train()  # would stop at once if an episode with an error that then ended as done counted as failed
+    records = read_metrics(tmp_path)
+    errors = [record["episodes/environment_errors_mean"] for record in records]
+    assert [record["episodes/failed_total"] for record in records] == [0, 0] and min(errors) > 0
+    assert max(record["episodes/stopped_by_environment"] for record in records) > 0
 
 
 # ---------------------------------------------------------------------------------------------- the summary

@@ -56,6 +56,7 @@ class Answer:
     failures: int = 0
     errors: int = 0  # text protocol: steps that raised or ran past environment_timeout
     malformed: int = 0
+    failed: int = 0  # 1: an EnvironmentFailure ended the episode (max_environment_failures counts these)
 
 
 @dataclass
@@ -81,7 +82,8 @@ class TextProtocol:
         def answer(results: list[JobResult]) -> Answer:
             found = results[0]
             if found.ends_episode:  # the environment cannot go on: the episode ends, its rewards so far kept
-                return Answer([self._message(error_text(found.error))], stop=StopReason.ENVIRONMENT_DONE, errors=1)
+                return Answer([self._message(error_text(found.error))], stop=StopReason.ENVIRONMENT_DONE, errors=1,
+                              failed=1)
             if found.error is not None:  # the step raised or timed out: the model reads why, the episode goes on
                 return self._limit(Answer([self._message(error_text(found.error))], errors=1), replies)
             observation, reward, done = checked_step(environment, found.value, row)

@@ -99,7 +99,7 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
 
-STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift")
+STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift", "failed")
 
 
 def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None,
@@ -185,6 +185,7 @@ class EpisodePlayer:
             ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
             episode = Episode(environment, tools, schemas, ids, None, name)
         episode.failed, episode.row = failure is not None, row
+        episode.counts["failed"] = float(episode.failed)  # counted even if its one reply runs out of tokens
         return episode
 
     def _turn(self, model, seeds: list[int], episodes: list[Episode], turn: int, device) -> None:
@@ -225,7 +226,7 @@ class EpisodePlayer:
         """An answer's reward and counts into the episode; its messages spliced in as tokens, cut at the token
         budget (a cut answer ends the episode: no room is left for a reply)."""
         episode.reward += answer.reward
-        for name in ("calls", "failures", "malformed", "errors"):
+        for name in ("calls", "failures", "malformed", "errors", "failed"):
             episode.counts[name] += getattr(answer, name)
         if answer.stop is not None or not answer.messages:
             episode.stop = answer.stop if answer.stop is not None else StopReason.ENVIRONMENT_DONE

@@ -16,12 +16,9 @@ from training_wizard.errors import UserError
 
 
 def failed_episodes(batch) -> torch.Tensor:
-    """Per row of an episode batch, 1.0 where the environment ended the episode after an error (EnvironmentFailure
-    ends an episode with one; a step that merely raised leaves it running)."""
-    from training_wizard.rollout.trajectory import StopReason
-
-    ended = batch.stop_reason.to(batch.episode_stats["errors"].device) == int(StopReason.ENVIRONMENT_DONE)
-    return ((batch.episode_stats["errors"] > 0) & ended).float()
+    """Per row of an episode batch, 1.0 where an EnvironmentFailure ended the episode (at reset or at a step); a
+    step that merely raised is a message to the model and leaves the episode running, so it is not a failure."""
+    return (batch.episode_stats["failed"] > 0).float()
 
 
 def stop_on_environment_failures(trainer, batch) -> None:
