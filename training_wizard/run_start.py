@@ -8,6 +8,7 @@ line (no markup) on the main process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from training_wizard.checkpoint import (
 from training_wizard.errors import UserError
 from training_wizard.run_folder import (
     check_restart, claim_new_run, changed_settings, continues_the_run_in, refuse_user_files, run_identity,
-    training_settings, write_run_identity,
+    training_settings, write_run_identity, written_by_a_run,
 )
 from training_wizard.sharding import engine_kind
 
@@ -43,6 +44,36 @@ def start_run(trainer, resume_from: str | None, say: Callable[[str], None]) -> N
         write_run_identity(output_dir, identity)
     collectives.barrier()
     trainer.output_dir_taken = True
+    trainer.started_as_a_new_run = not continues_the_run_in(output_dir, resume_from)
+
+
+@contextlib.contextmanager
+def undone_if_it_stops_before_training(trainer):
+    """Around `train()`: a new run that stops with a user error before it logged an iteration or committed a
+    checkpoint (a broken environment, reward or server found in the first episodes) removes the run files it
+    wrote (run.json, resolved_config.toml, empty logs), so the corrected recipe starts in the same output_dir
+    without `resume_from_checkpoint`. Anything that holds a trained iteration is kept."""
+    try:
+        yield
+    except UserError:
+        output_dir = Path(trainer.config.output_dir)
+        if getattr(trainer, "started_as_a_new_run", False) and trainer.accelerator.is_main_process \
+                and not _trained_anything(output_dir):
+            for name in written_by_a_run(output_dir):
+                path = output_dir / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        raise
+
+
+def _trained_anything(output_dir: Path) -> bool:
+    """Whether the run logged an iteration (a metrics record) or wrote a checkpoint, a final model or a report."""
+    metrics = output_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
+        return True
+    checkpoints = output_dir / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        return True
+    return any((output_dir / name).exists() for name in ("model", "report.html"))
 
 
 def take_output_dir(trainer, resume_from: str | None = None) -> None:

@@ -153,6 +153,23 @@ def test_the_corrected_recipe_runs_in_the_same_output_dir(tiny_model_dir, tmp_pa
     assert (tmp_path / "out" / "run.json").exists()
 
 
+@pytest.mark.parametrize("broken", ["StepTwo", "StepNone"])
+def test_a_run_stopped_by_its_first_episodes_leaves_no_run_files_and_a_user_file_kept(tiny_model_dir, tmp_path,
+                                                                                       capsys, broken):
+    """A step that breaks its contract stops the run after run.json and resolved_config.toml were written: they
+    are removed again (nothing was trained), so the corrected recipe starts in the same folder as it is."""
+    from training_wizard.cli import main
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine", encoding="utf-8")
+    run(tmp_path, tiny_model_dir, capsys, text_tables(broken))
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["notes.txt"]
+    recipe = write_episode_recipe(tmp_path, tiny_model_dir, ["Hi.", "Hello."], text_tables("Game"),
+                                  f"response_length = 16\nmax_turns = 2\nstop_token_ids = {STOPS}")
+    assert main([str(recipe)]) == 0
+    assert (tmp_path / "out" / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
 # what breaks at a step or a reply: the first rollout stops the run
 STEP = f"{HERE}:Stepping.step"
 RUN_CASES = {

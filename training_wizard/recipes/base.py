@@ -120,9 +120,11 @@ class Recipe(Spec):
         """Take output_dir and resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit
         code), save the final model into output_dir/model, write the plots and report."""
         from training_wizard.recipes.final_model import save_final_model
+        from training_wizard.run_start import undone_if_it_stops_before_training
 
         self.start(trainer, console)
-        trainer.train()
+        with undone_if_it_stops_before_training(trainer):
+            trainer.train()
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=merge_lora)
         console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
         if trainer.accelerator.is_main_process:

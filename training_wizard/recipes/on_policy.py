@@ -106,6 +106,8 @@ class OnPolicyRecipe(Recipe):
 
     # ------------------------------------------------------------------------------------------- the lifecycle
     def main(self, dry_run: bool = False) -> None:
+        from training_wizard.run_start import undone_if_it_stops_before_training
+
         started = time.perf_counter()
         config = self.training_config()
         accelerator, console = self.open_run(config)
@@ -125,7 +127,8 @@ class OnPolicyRecipe(Recipe):
         trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
         warn_long_prompts(trainer, console)
         self.start(trainer, console)
-        trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
+        with undone_if_it_stops_before_training(trainer):
+            trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         if accelerator.is_main_process:
             self.finish_outputs(time.perf_counter() - started, console)
