@@ -6,6 +6,7 @@ the corrected recipe."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy
@@ -261,3 +262,32 @@ def test_a_recipe_with_tools_and_no_factory_plays_episodes(tiny_model_dir, tmp_p
                                   f"response_length = 16\nstop_token_ids = {STOPS}")
     assert main([str(recipe)]) == 0
     assert "tools/call_frequency" in read_metrics(tmp_path / "out")[0]
+
+
+def test_eval_builds_and_resets_the_environment_before_it_generates(tiny_model_dir, tmp_path, capsys):
+    """`training-wizard eval` plays episodes as training does: a reset that breaks its contract is its one line at
+    --dry-run too, before any model loads."""
+    from training_wizard.cli import main
+
+    data = tmp_path / "held_out.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "Hi."}]}) + "\n", encoding="utf-8")
+    recipe = tmp_path / "eval.toml"
+    recipe.write_text(f"""\
+recipe_class = "evaluate"
+output_dir = "{tmp_path / 'eval'}"
+
+[prompts]
+data_files = "{data}"
+
+[candidate]
+pretrained_name = "{tiny_model_dir}"
+
+[metrics.ends]
+spec_class = "training_wizard.specs.text_metrics.EosRewardSpec"
+
+[environment]
+factory = "{HERE}:ResetDict"
+protocol = "text"
+""", encoding="utf-8")
+    assert main([str(recipe), "--dry-run"]) == 2
+    assert f"{HERE}:ResetDict.reset must return the text to append to the prompt" in one_line_error(capsys)

@@ -109,3 +109,15 @@ def test_a_bad_model_or_reward_names_the_argument(tiny_model_dir, tmp_path, argu
     with pytest.raises(UserError) as caught:
         GRPOTrainer(**passed)
     assert clean_line(caught.value).startswith(expected)
+
+
+@pytest.mark.parametrize("dataset, expected", [
+    (["a", "b"], "train_dataset[0]: expected a row like {'prompt': 'a'}, got the str 'a'"),
+    ([{"prompt": "a"}, {"text": "b"}], "train_dataset[1]: no 'prompt' (the row has 'text')"),
+])
+def test_ppo_s_python_rows_are_checked_as_grpo_s(tokenizer, tmp_path, dataset, expected):
+    from tests.helpers import make_ppo_trainer
+
+    with pytest.raises(UserError) as caught:
+        make_ppo_trainer(tokenizer, tmp_path, dataset=dataset)
+    assert clean_line(caught.value).startswith(expected)

@@ -112,6 +112,10 @@ class EvaluateRecipe(Recipe):
             raise UserError(f"reference_column: column '{self.reference_column}' is not in the prompt rows")
         judged = f"judge {type(self.judge).__name__}" if self.judge is not None else "no judge"
         console.print(f"{len(rows)} prompts; {judged}; metrics: {', '.join(self.metrics) or 'none'}")
+        if self.environment is not None:  # built and reset on its first row, as training's start does
+            from training_wizard.rollout.episode_start import check_episodes_can_start
+
+            check_episodes_can_start(self.environment.load(), self.environment.settings(), True, rows)
         if dry_run:
             return
         candidate = self._completions(self.candidate, rows)

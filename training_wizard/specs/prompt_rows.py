@@ -38,6 +38,13 @@ def check_prompt_rows(rows: Any, argument: str) -> None:
         raise UserError(f"{argument}: expected a datasets.Dataset or a list of rows, got {type(rows).__name__}")
 
 
+def check_trainer_datasets(train_dataset: Any, eval_dataset: Any = None) -> None:
+    """A trainer's train_dataset and, when given, eval_dataset, each checked by `check_prompt_rows`."""
+    check_prompt_rows(train_dataset, "train_dataset")
+    if eval_dataset is not None:
+        check_prompt_rows(eval_dataset, "eval_dataset")
+
+
 def check_dataset(dataset: Any, argument: str) -> None:
     """A datasets.Dataset's columns and prompts."""
     columns = list(dataset.column_names or [])
