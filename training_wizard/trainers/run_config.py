@@ -23,7 +23,9 @@ OUTPUT_DIR_DESCRIPTION = "Folder for metrics, samples, checkpoints and the final
 SEED_DESCRIPTION = "Seed of every random choice: data order, sampling, initialisation. A run is reproducible."
 OVERWRITE_OUTPUT_DIR_DESCRIPTION = (
     "A new run into an output_dir that holds another run's files (metrics, checkpoints, model, ...) deletes those "
-    "files first; without it the run stops with one line. Files a run does not write are never touched."
+    "files first; without it the run stops with one line. Only files a run wrote are deleted (run.json lists them, "
+    "or their content shows it); a user's file of a run-file name (a prompt dataset named prompts.jsonl) stops "
+    "the run in one line instead, and other files are never touched."
 )
 DEFAULT_SEED = 42
 SEED_RANGE = {"ge": 0, "le": 2**32 - 1}  # what numpy's and torch's seeding accept
