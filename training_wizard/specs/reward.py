@@ -18,6 +18,7 @@ sentiment) live in `training_wizard.specs.text_metrics`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
@@ -26,6 +27,29 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, import_object, resolve_path
 from training_wizard.specs.reward_checks import RewardError, check_rewards, guarded_call
+
+
+@dataclass
+class FunctionLogs:
+    """What reward functions in TRL's form logged while scoring one batch, through the `log_extra` and
+    `log_metric` callables TRL 1.16 passes them. `columns`: extra columns of the sample table, one value per
+    completion (TRL's completions table); `metrics`: scalar metrics by the name given, each value one call (the
+    trainer logs their mean, as TRL averages them per logging step)."""
+
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        self.columns.setdefault(column, []).extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(name, []).append(float(value))
+
+    def merge(self, other: FunctionLogs) -> None:
+        for column, values in other.columns.items():
+            self.log_extra(column, values)
+        for name, values in other.metrics.items():
+            self.metrics.setdefault(name, []).extend(values)
 
 
 class RewardSpec(Spec):
@@ -67,6 +91,11 @@ class RewardSpec(Spec):
 
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         raise NotImplementedError
+
+    def take_logs(self) -> FunctionLogs:
+        """What the last `score` call's reward functions logged (`log_extra`, `log_metric`), handed over once:
+        the trainer adds the columns to the sample table and the metrics to metrics.jsonl. Empty by default."""
+        return FunctionLogs()
 
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any
@@ -315,6 +344,12 @@ class MultiRewardSpec(RewardSpec):
 
     def uses_trl_inputs(self) -> bool:
         return any(component.spec.uses_trl_inputs() for component in self.components.values())
+
+    def take_logs(self) -> FunctionLogs:
+        logs = FunctionLogs()
+        for component in self.components.values():
+            logs.merge(component.spec.take_logs())
+        return logs
 
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any

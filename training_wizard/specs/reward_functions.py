@@ -12,8 +12,12 @@ Each function is called by keyword, as TRL's GRPOTrainer calls it:
 - `trainer_state`: a read-only `RewardTrainerState` with `global_step` (iterations completed, 0 at the first).
 - `columns`: the dataset row's other columns, plus `completion_has_eos`.
 
+TRL 1.16 also passes `log_extra(column, values)` (a column of the sample table, one value per completion) and
+`log_metric(name, value)` (a scalar metric logged under `name`, averaged): so do we (`RewardSpec.take_logs`).
+
 A function may return None for a completion it does not score: the weighted sum then leaves it out for that
-completion (TRL's nansum). A completion no function scored is an error naming the row. Each function is logged as
+completion (TRL's nansum). A completion no function scored counts 0, as TRL's nansum gives it: one warning line
+per batch names how many, and `frac_reward_all_none` is their share of the batch. Each function is logged as
 `rewards/<function name>`: the mean over the completions it scored (None values travel as NaN inside the
 components; the total is always finite). `async def` functions run concurrently, on one event loop that lasts the whole run.
 """
@@ -24,6 +28,7 @@ import asyncio
 import inspect
 import math
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -32,8 +37,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.timeouts import note_doing, on_abandon
-from training_wizard.specs.reward import RewardSpec, iterations_before, resolve_function
-from training_wizard.specs.reward_checks import RewardError, check_rewards, guarded_call
+from training_wizard.specs.reward import FunctionLogs, RewardSpec, iterations_before, resolve_function
+from training_wizard.specs.reward_checks import check_rewards, guarded_call
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class RewardFunctionsSpec(RewardSpec):
         None, description="One weight per function, in the order of reward_funcs; default: 1.0 each."
     )
     _models: dict[str, Any] = PrivateAttr(default_factory=dict)  # the reward models named, loaded once
+    _logs: FunctionLogs = PrivateAttr(default_factory=FunctionLogs)  # what the last score call's functions logged
 
     @field_validator("reward_funcs")
     @classmethod
@@ -102,6 +108,10 @@ class RewardFunctionsSpec(RewardSpec):
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         return self.score(prompts, completions, columns)[0]
 
+    def take_logs(self) -> FunctionLogs:
+        logs, self._logs = self._logs, FunctionLogs()
+        return logs
+
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any
     ) -> tuple[list[float], dict[str, list[float]]]:
@@ -120,12 +130,14 @@ class RewardFunctionsSpec(RewardSpec):
         trl_prompts, trl_completions, rest = trl_inputs(prompts, completions, columns)
         state = RewardTrainerState(global_step=iterations_before(step))
         labels = {name: f"{label}, function '{name}'" if label else f"function '{name}'" for name in functions}
+        self._logs = logs = FunctionLogs()
+        passed = {"trainer_state": state, "log_extra": logs.log_extra, "log_metric": logs.log_metric}
 
         def call(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
-            return lambda p, c, cols: fn(prompts=p, completions=c, trainer_state=state, **cols)
+            return lambda p, c, cols: fn(prompts=p, completions=c, **passed, **cols)
 
         def call_async(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
-            return lambda p, c, cols: run_one(fn(prompts=p, completions=c, trainer_state=state, **cols))
+            return lambda p, c, cols: run_one(fn(prompts=p, completions=c, **passed, **cols))
 
         raw: dict[str, Any] = {}
         pending: dict[str, Callable[..., Any]] = {}
@@ -145,7 +157,13 @@ class RewardFunctionsSpec(RewardSpec):
                 raw[name] = outcome
         components = {name: check_allowing_none(raw[name], len(completions), labels[name], step)
                       for name in functions}
-        totals = weighted_totals(components, self.weights(), label or type(self).__name__, step)
+        totals, unscored = weighted_totals(components, self.weights())
+        if components:
+            logs.log_metric("frac_reward_all_none", unscored / len(completions) if completions else 0.0)
+        if unscored:
+            print(f"warning: reward {label or type(self).__name__} at step {step}: every reward function returned "
+                  f"None for {unscored} of {len(completions)} completions; they count 0, as TRL's nansum gives",
+                  file=sys.stderr)
         return totals, components
 
 
@@ -256,18 +274,16 @@ def check_allowing_none(values: Any, expected: int, label: str, step: int) -> li
     return check_rewards(values, expected, label, step)
 
 
-def weighted_totals(components: dict[str, list[float]], weights: list[float], label: str, step: int) -> list[float]:
-    """sum_i w_i r_i per completion over the functions that scored it (NaN = not scored); a completion no function
-    scored is a RewardError naming the row."""
+def weighted_totals(components: dict[str, list[float]], weights: list[float]) -> tuple[list[float], int]:
+    """(sum_i w_i r_i per completion over the functions that scored it (NaN = not scored), the number of
+    completions no function scored): those total 0, as TRL's nansum makes them."""
     rows = len(next(iter(components.values())))
-    totals = []
+    totals, unscored = [], 0
     for row in range(rows):
         scored = [(w, values[row]) for w, values in zip(weights, components.values()) if not math.isnan(values[row])]
-        if not scored:
-            raise RewardError(f"reward {label} at step {step}, row {row}: every reward function returned None "
-                              "(at least one must score each completion)")
-        totals.append(sum(w * value for w, value in scored))
-    return totals
+        unscored += not scored
+        totals.append(sum(w * value for w, value in scored) if scored else 0.0)
+    return totals, unscored
 
 
 def names_a_model(entry: str) -> bool:
