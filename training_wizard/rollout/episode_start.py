@@ -20,6 +20,32 @@ def factory_table(environment_factory) -> dict[str, Callable[[], Any]]:
     return {"": environment_factory} if environment_factory is not None else {}
 
 
+# The prompt of a row whose environment supplies it (TRL 1.16's placeholder): `reset`'s text is appended to it.
+EMPTY_PROMPT = ({"role": "user", "content": ""},)
+
+
+def environment_rows(rows: Any, environment_factory, count: int) -> Any:
+    """The prompt rows of TRL 1.16's environment modes: no rows at all (one factory's `reset` supplies every
+    prompt: `count` rows with an empty prompt) or rows without a prompt (each routed by its `environment` column,
+    its prompt empty). Other rows, and runs without an environment, as they are."""
+    if environment_factory is None:
+        return rows
+    if rows is None:
+        if isinstance(environment_factory, dict):
+            raise UserError("train_dataset: required with a dict of environment factories (each row's "
+                            "'environment' column names its factory); pass rows such as {'environment': "
+                            f"{next(iter(environment_factory), 'name')!r}}}, or a single factory")
+        return [{"prompt": list(EMPTY_PROMPT)} for _ in range(count)]
+    if hasattr(rows, "column_names") and hasattr(rows, "add_column"):
+        if {"prompt", "input_ids"} & set(rows.column_names):
+            return rows
+        return rows.add_column("prompt", [list(EMPTY_PROMPT)] * len(rows))
+    if isinstance(rows, (list, tuple)):
+        return [{**row, "prompt": list(EMPTY_PROMPT)} if isinstance(row, dict) and not {"prompt", "input_ids"} & set(row)
+                else row for row in rows]
+    return rows
+
+
 def factory_name(factory: Callable) -> str:
     return getattr(factory, "__name__", type(factory).__name__)
 
@@ -50,6 +76,14 @@ def new_environment_for(factories: dict[str, Callable[[], Any]], columns: dict[s
                         f"{', '.join(sorted(factories))} (the environment factories)")
     factory = factories[chosen]
     return factory_name(factory), new_environment(factory)
+
+
+def reset_columns(factories: dict[str, Callable[[], Any]], columns: dict[str, Any]) -> dict[str, Any]:
+    """The row's columns `reset` is called with: with several factories the `environment` column only routes the
+    row, so it is left out, as TRL 1.16 leaves it out."""
+    if "" in factories:
+        return columns
+    return {name: value for name, value in columns.items() if name != "environment"}
 
 
 def reset_environment(environment: Any, prompt: Any, columns: dict[str, Any],
@@ -84,7 +118,8 @@ def check_episodes_can_start(environment_factory, settings, has_reward: bool, ro
     for row in _first_rows(factories, rows):
         columns = {key: value for key, value in dict(rows[row]).items() if key not in ("prompt", "input_ids")}
         _, environment = new_environment_for(factories, columns, row)
-        _, failure = reset_environment(environment, dict(rows[row]).get("prompt"), columns, row)
+        _, failure = reset_environment(environment, dict(rows[row]).get("prompt"), reset_columns(factories, columns),
+                                       row)
         if failure is not None:
             raise UserError(f"environment: dataset row {row}: {method_name(environment, 'reset')} could not start "
                             f"an episode: {failure}")

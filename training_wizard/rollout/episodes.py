@@ -34,11 +34,12 @@ from training_wizard.rollout.environment_protocols import (
     Answer, EnvironmentFailure, JobResult, TextProtocol, ToolsProtocol, Turn,
 )
 from training_wizard.rollout.episode_start import (  # noqa: F401 - factory_name, gives_reward: their home was here
-    check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_environment,
+    check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_columns,
+    reset_environment,
 )
 from training_wizard.rollout.generation import GenerationParams
-from training_wizard.rollout.prompts import EncodedPrompts, left_pad, row_seed
-from training_wizard.rollout.tools import reply_parser
+from training_wizard.rollout.prompts import EncodedPrompts, left_pad, prompt_text, row_seed
+from training_wizard.rollout.tools import reply_parser, typed_arguments, without_calls
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.signals import stop_requested
 
@@ -82,6 +83,7 @@ class Episode:
     prompt_messages: list[dict[str, Any]] | None  # None: a plain-text prompt
     name: str = ""  # the factory's name: the reward component the environment's reward goes to
     row: int = -1  # the dataset row it plays: errors name it
+    prompt: Any = None  # the prompt as played (the reset text appended): what TRL-form rewards get
     ids: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)  # the loss mask: True for the model's tokens
     logprobs: list[float] = field(default_factory=list)
@@ -164,11 +166,12 @@ class EpisodePlayer:
         return episodes
 
     def _reset(self, prompts: EncodedPrompts, row: int) -> Episode:
-        """A fresh environment for dataset row `row`; its reset text joins the prompt's last user message."""
+        """A fresh environment for dataset row `row`; its reset text is appended to the prompt's last user message
+        as TRL 1.16 appends it (no separator: an environment that supplies the whole prompt gets an empty one)."""
         columns = {name: values[row] for name, values in prompts.columns.items()}
         prompt = prompts.prompts[row] if prompts.prompts else None
         name, environment = new_environment_for(self.factories, columns, row)
-        opening, failure = reset_environment(environment, prompt, columns, row)
+        opening, failure = reset_environment(environment, prompt, reset_columns(self.factories, columns), row)
         if failure is not None:  # the model still replies once (an episode has a reply), then it ends
             print(f"warning: dataset row {row}: the environment could not reset: {failure}", flush=True)
         tools, schemas = self.protocol.tools_of(environment)
@@ -176,15 +179,15 @@ class EpisodePlayer:
             prompt = [{"role": "user", "content": prompt}]  # tools need the chat template
         if opening and prompt is not None:
             if isinstance(prompt, str):
-                prompt = prompt + "\n\n" + opening
+                prompt = prompt + opening
             else:
-                prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + "\n\n" + opening}]
+                prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + opening}]
         if isinstance(prompt, list):
             episode = Episode(environment, tools, schemas, self.turns.prompt_ids(prompt, schemas), prompt, name)
         else:
             ids = self.turns.encode(prompt) if isinstance(prompt, str) else list(prompts.input_ids[row])
             episode = Episode(environment, tools, schemas, ids, None, name)
-        episode.failed, episode.row = failure is not None, row
+        episode.failed, episode.row, episode.prompt = failure is not None, row, prompt
         episode.counts["failed"] = float(episode.failed)  # counted even if its one reply runs out of tokens
         return episode
 
@@ -223,8 +226,9 @@ class EpisodePlayer:
             self._apply(episodes[i], answer, reply_end)
 
     def _apply(self, episode: Episode, answer: Answer, reply_end: int | None) -> None:
-        """An answer's reward and counts into the episode; its messages spliced in as tokens, cut at the token
-        budget (a cut answer ends the episode: no room is left for a reply)."""
+        """An answer's reward and counts into the episode; its messages spliced in as tokens. Messages that do not
+        fit the token budget are dropped and the episode ends on the reply that called for them, as TRL 1.16's
+        tool loop rolls them back: that reply ended with its stop token, so the row is not truncated."""
         episode.reward += answer.reward
         for name in ("calls", "failures", "malformed", "errors", "failed"):
             episode.counts[name] += getattr(answer, name)
@@ -233,10 +237,13 @@ class EpisodePlayer:
             return
         ids = self.turns.message_ids(answer.messages, reply_end)
         room = self.sampling.response_length - len(episode.ids)
-        episode.add(ids[:room], None)
+        if len(ids) > room:
+            episode.stop = StopReason.STOP_TOKEN
+            return
+        episode.add(ids, None)
         episode.messages += answer.messages
-        episode.transcript.append(self.tokenizer.decode(ids[:room]))
-        if len(ids) >= room:
+        episode.transcript.append(self.tokenizer.decode(ids))
+        if len(ids) == room:  # no token is left for a reply: the row ends without its stop token
             episode.stop = StopReason.LENGTH
 
     def _run_jobs(self, jobs: dict[int, list[Callable[[], Any]]]) -> dict[int, list[JobResult]]:
@@ -298,11 +305,39 @@ class EpisodePlayer:
         return EpisodeScoring(
             texts=[episode.replies[-1] if episode.replies else "" for episode in episodes],
             columns={"transcript": ["".join(episode.transcript) for episode in episodes],
-                     "completion_messages": [episode.messages for episode in episodes],
+                     "completion_messages": [self._as_trl_messages(episode) for episode in episodes],
                      "environments": [episode.environment for episode in episodes]},
             rewards=rewards,
             stats={name: [episode.counts[name] for episode in episodes] for name in STAT_NAMES},
         )
+
+    def _as_trl_messages(self, episode: Episode) -> list[dict[str, Any]]:
+        """The conversation after the prompt as TRL gives it to reward functions: a reply that called tools carries
+        them as `tool_calls` (arguments typed by each tool's schema), its text outside the calls as content."""
+        if self.settings.protocol != "tools":
+            return episode.messages
+        messages = []
+        for message in episode.messages:
+            calls = self.parse(message["content"]).calls if message["role"] == "assistant" else []
+            if calls:
+                message = {**message, "content": without_calls(message["content"]), "tool_calls": [
+                    {"type": "function", "function": {"name": call.name, "arguments": typed_arguments(
+                        episode.tools[call.name], call.arguments) if call.name in episode.tools else call.arguments}}
+                    for call in calls]}
+            messages.append(message)
+        return messages
+
+    def played_request(self, request: RolloutRequest, episodes: list[Episode]) -> RolloutRequest:
+        """`request` with one prompt per episode as it was played (the reset text appended), which the sample
+        table shows and TRL-form rewards get as `prompts`, as TRL 1.16 gives them."""
+        source = request.prompts
+        played = EncodedPrompts(
+            [episode.prompt_ids for episode in episodes],
+            [prompt_text(episode.prompt) if episode.prompt is not None else source.queries[row]
+             for row, episode in zip(request.rows, episodes)],
+            {name: [values[row] for row in request.rows] for name, values in source.columns.items()},
+            [episode.prompt for episode in episodes])
+        return dataclasses.replace(request, prompts=played, rows=list(range(len(episodes))))
 
     def _check_tokenization(self, rows: list[int], episodes: list[Episode]) -> str | None:
         """Compare each conversational episode's spliced ids with the template's own rendering; count drift, warn
@@ -352,7 +387,8 @@ class EpisodeSource:
             sampled = self._token_batch(episodes, time.perf_counter() - started)
             passes = collector.logprob_passes(engine, sampled)
         collector.collectives.raise_if_any_failed(player.finish(request.rows, episodes))
-        return collector.complete(request, sampled, passes, player.scoring(episodes))
+        return collector.complete(player.played_request(request, episodes), sampled, passes,
+                                  player.scoring(episodes))
 
     def _token_batch(self, episodes: list[Episode], seconds: float) -> Sampled:
         """The episodes as one token batch, prompts left-padded (shapes as in TrajectoryBatch); the completion

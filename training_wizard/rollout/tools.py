@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -106,6 +107,11 @@ def parse_hermes(text: str) -> ParsedReply:
     return ParsedReply(calls, malformed)
 
 
+def without_calls(text: str) -> str:
+    """A reply's text outside its `<tool_call>` blocks: the content of a message that carries its calls apart."""
+    return _HERMES_CALL.sub("", text).strip()
+
+
 def parse_with_tokenizer(tokenizer, text: str) -> ParsedReply:
     """The calls transformers' response parser reads (the tokenizer's `response_template`); a reply it cannot
     parse counts as one malformed call."""
@@ -151,15 +157,65 @@ def call_tool(tools: dict[str, Callable], call: ToolCall) -> tuple[str, bool]:
     function = tools.get(call.name)
     if function is None:
         return error_text(f"unknown tool {call.name!r}; the tools are: {', '.join(sorted(tools)) or 'none'}"), True
+    arguments = typed_arguments(function, call.arguments)
     try:
-        inspect.signature(function).bind(**call.arguments)
+        inspect.signature(function).bind(**arguments)
     except TypeError as exc:
         return error_text(f"bad arguments for {call.name}: {exc}"), True
     try:
-        result = awaited_value(function(**call.arguments))
+        result = awaited_value(function(**arguments))
     except Exception as exc:  # a tool's failure is the model's information, never the run's end
         return error_text(f"{type(exc).__name__}: {exc}"), True
-    return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+    # str(), as TRL 1.16 gives a result to the model: a dict reads {'a': 1}, True reads True
+    return str(result), False
+
+
+def typed_arguments(function: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The model's arguments typed by the tool's JSON schema, as transformers' `parse_response(..., tools=)` types
+    them for TRL: the text "6" for an integer parameter is 6, for a string one it stays "6"; text that does not
+    read as the declared type is passed as it is (the tool says what is wrong)."""
+    try:
+        properties = tool_schema(function)["function"]["parameters"].get("properties") or {}
+    except (UserError, KeyError, TypeError):  # no schema to type by: the arguments as the model wrote them
+        return dict(arguments)
+    return {key: _typed(value, _schema_types(properties.get(key))) if isinstance(value, str) else value
+            for key, value in arguments.items()}
+
+
+def _schema_types(schema: Any) -> list[str]:
+    """The JSON types a parameter's schema allows, unions and Optional (nullable) included."""
+    if not isinstance(schema, dict):
+        return []
+    declared = schema.get("type")
+    types = [declared] if isinstance(declared, str) else [t for t in declared or [] if isinstance(t, str)]
+    for choice in [*(schema.get("anyOf") or []), *(schema.get("oneOf") or [])]:
+        types += _schema_types(choice)
+    return types + (["null"] if schema.get("nullable") else [])
+
+
+def _typed(text: str, types: list[str]) -> Any:
+    """`text` read as the first of `types` it is written as; itself when none (a string parameter)."""
+    for kind in types:
+        try:
+            if kind == "integer":
+                number = float(text)  # JSON Schema counts 3.0 as an integer
+                if number.is_integer():
+                    return int(text) if text.strip().lstrip("+-").isdigit() else int(number)
+            elif kind == "number":
+                number = float(text)
+                if math.isfinite(number):
+                    return int(number) if number.is_integer() and "." not in text else number
+            elif kind == "boolean" and text.strip().lower() in ("true", "false", "1", "0"):
+                return text.strip().lower() in ("true", "1")
+            elif kind == "null" and text.strip() in ("null", "None"):
+                return None
+            elif kind in ("object", "array"):
+                value = json.loads(text)
+                if isinstance(value, dict if kind == "object" else list):
+                    return value
+        except ValueError:  # not written as this type: try the next
+            continue
+    return text
 
 
 def awaited_value(value: Any) -> Any:
