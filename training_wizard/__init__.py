@@ -19,10 +19,17 @@ _LAZY = {
     "RewardConfig": "training_wizard.trainers.config",
     "RewardModelTrainer": "training_wizard.trainers.reward_model",
     "load_recipe": "training_wizard.recipes.base",
+    "TrlParser": "training_wizard.trl.parser",
+    "ScriptArguments": "training_wizard.trl.script_arguments",
+    "ModelConfig": "training_wizard.trl.script_arguments",
+    "get_peft_config": "training_wizard.trl.script_arguments",
+    "get_quantization_config": "training_wizard.trl.script_arguments",
+    "get_kbit_device_map": "training_wizard.trl.script_arguments",
 }
 
 __all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig",
-           "SFTTrainer", "RewardConfig", "RewardModelTrainer", "load_recipe", "__version__"]
+           "SFTTrainer", "RewardConfig", "RewardModelTrainer", "load_recipe", "TrlParser", "ScriptArguments",
+           "ModelConfig", "get_peft_config", "get_quantization_config", "get_kbit_device_map", "__version__"]
 
 
 def __getattr__(name: str):

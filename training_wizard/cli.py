@@ -1,4 +1,5 @@
-"""`training-wizard RECIPE.toml [key.path=value ...] [--dry-run]`: the only reader of sys.argv."""
+"""`training-wizard RECIPE.toml [key.path=value ...] [--dry-run]` (and `training-wizard grpo --config x.yaml`, TRL's
+command form): the only reader of sys.argv."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import NoReturn
 
 from training_wizard.errors import USER_ERROR_EXIT_CODE, UserError
 
+# TRL's `trl grpo --config x.yaml` form (training_wizard/trl/commands.py)
+TRL_COMMANDS = ("grpo", "rloo", "sft", "reward")
+
 USAGE_EPILOG = """\
 examples:
   training-wizard examples/rloo/config.toml
@@ -20,6 +24,8 @@ examples:
 
 Evaluate and look: `training-wizard eval EVAL.toml` (win rate of a model against another, docs/evaluation.md);
 `training-wizard plot RUN_DIR [RUN_DIR ...] [-o OUT.png]` (metrics against episodes, runs overlaid).
+TRL's command form: `training-wizard grpo|rloo --config x.yaml [--key value ...]` reads TRL's YAML keys and
+flags (model_name_or_path, dataset_name, reward_funcs, output_dir, ...; docs/porting_from_trl.md).
 `training-wizard vllm-serve --model NAME [--port 8000]` serves the policy with vLLM for vllm_mode = "server"
 (docs/vllm.md).
 A recipe written for training-wizard 1.0 runs as it is; `training-wizard migrate OLD.toml [-o NEW.toml]`
@@ -62,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return serve(argv[1:])
     if argv[:1] == ["eval"]:  # the evaluation recipe, whatever the file's recipe_class says
         argv = [*argv[1:], "recipe_class=evaluate"]
+    if argv[:1] and argv[0] in TRL_COMMANDS:
+        return trl_command(argv[0], argv[1:])
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after --dry-run
     _quiet_libraries()
     from training_wizard.recipes.base import load_recipe
-    from training_wizard.signals import TrainingInterrupted
     from training_wizard.spec import recipe_directory
 
     try:
@@ -73,12 +80,35 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
-    try:
+
+    def train() -> None:
         with recipe_directory(Path(args.recipe).resolve().parent):
             recipe.main(dry_run=args.dry_run)
+
+    # Errors found while running name a key or row but not the file: say which recipe they belong to.
+    return guarded(train, f"{args.recipe}: ")
+
+
+def trl_command(command: str, argv: list[str]) -> int:
+    """`training-wizard grpo|rloo|sft|reward --config x.yaml [--key value ...]`, as TRL's `trl` command."""
+    _quiet_libraries()
+    from training_wizard.trl.commands import run_command
+
+    try:
+        return guarded(lambda: run_command(command, argv), "")
+    except SystemExit as exit_:  # the parser's one line (or --help) is printed already
+        return exit_.code if isinstance(exit_.code, int) else USER_ERROR_EXIT_CODE
+
+
+def guarded(work, where: str) -> int:
+    """Run a training `work()`: 0 when it finishes, 2 after one line for a user error, 128 + signal after a stop
+    by signal (the work is saved)."""
+    from training_wizard.signals import TrainingInterrupted
+
+    try:
+        work()
     except UserError as exc:
-        # Errors found while running name a key or row but not the file: say which recipe they belong to.
-        print(f"error: {args.recipe}: {exc}", file=sys.stderr)
+        print(f"error: {where}{exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     except TrainingInterrupted as stop:
         # Not an error: the work is saved. One line on stderr, exit 128 + signal (143 SIGTERM, 130 SIGINT).
