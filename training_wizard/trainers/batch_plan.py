@@ -12,6 +12,12 @@ All counts are of *completions* unless named otherwise:
     iterations         = ceil(total_episodes / batch_size), or with max_steps (optimizer steps, TRL's):
                          ceil(max_steps / (num_ppo_epochs * num_mini_batches)), total_episodes = iterations * batch_size
 
+Epochs with a partial last batch: TRL's RepeatSampler drops the prompts left over after the last whole generation
+batch of each epoch (7 prompts at 2 per batch: 3 batches an epoch); here the prompt order runs on into the next
+epoch and the count rounds up (4), so no prompt is skipped and an epoch boundary may fall inside an iteration
+(RELIABILITY.md, guarantee 6). A TRL config whose prompts are not a multiple of its generation batch therefore
+trains up to one iteration more per run; max_steps gives TRL's count exactly.
+
 TRL 1.x's steps_per_generation and generation_batch_size are other spellings of num_mini_batches; they are
 resolved into it here too. So is the async schedule's depth (`iterations_ahead`), which max_inflight_tasks gives
 in completions: derived with the plan, a recipe's --dry-run refuses what its run would.
