@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from training_wizard.errors import UserError
+from training_wizard.specs.chat_rendering import render_chat
 
 _PROBE_QUESTION = "Probe question 7"
 _PROBE_REPLY = "Probe reply 7"
@@ -70,8 +71,8 @@ class TurnRenderer:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                tools: list[dict] | None = None) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
+        return render_chat(self.tokenizer, messages, tools=tools or None, tokenize=False,
+                           add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from training_wizard.errors import UserError
+from training_wizard.specs.chat_rendering import chat_ids
 
 
 def render_prompt(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
@@ -20,10 +21,7 @@ def render_prompt(tokenizer, prompt: str | list[dict[str, str]]) -> list[int]:
         return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("dataset: conversational prompts need a tokenizer with a chat template (model.tokenizer_name)")
-    encoded = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
-        encoded = encoded["input_ids"]
-    return list(encoded)
+    return chat_ids(tokenizer, prompt, add_generation_prompt=True)
 
 
 def prompt_text(prompt: str | list[dict[str, str]]) -> str:

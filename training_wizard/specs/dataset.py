@@ -28,6 +28,7 @@ from pydantic import (
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, current_recipe_directory, recipe_directory
+from training_wizard.specs.chat_rendering import render_chat
 from training_wizard.specs.data_files import (
     RowLocator,
     expand_data_files,
@@ -411,7 +412,7 @@ def prompt_token_counts(prompts: list, tokenizer) -> list[int]:
     chats = [i for i, p in enumerate(prompts) if isinstance(p, list)]
     plains = [i for i, p in enumerate(prompts) if not isinstance(p, list)]
     if chats:
-        texts = [tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
+        texts = [render_chat(tokenizer, prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
         # The chat template already writes any BOS token, so no special tokens are added again.
         for i, ids in zip(chats, tokenizer(texts, add_special_tokens=False)["input_ids"]):
             counts[i] = len(ids)

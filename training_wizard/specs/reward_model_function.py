@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from training_wizard.errors import UserError
+from training_wizard.specs.chat_rendering import render_chat
 from training_wizard.specs.reward import ModelRewardSpec
 
 
@@ -31,7 +32,7 @@ class ModelRewardFunction:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"reward_funcs: reward model '{self.__name__}' has no chat template for the "
                             "conversational prompts; give its tokenizer one (reward_processing_classes)")
-        return tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+        return render_chat(tokenizer, prompt + completion, tokenize=False)
 
 
 def model_reward_function(model: Any, tokenizer: Any, dtype: str | None, trust_remote_code: bool

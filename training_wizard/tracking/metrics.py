@@ -101,7 +101,10 @@ class _ModuleTracker:
 
         self.module = importlib.import_module(module_name)
         project = run_config.get("project") or "training-wizard"
-        self.module.init(project=project, name=run_name, config=run_config)
+        # trackio sends the run to a Hugging Face Space when given one (TRL's trackio_space_id), else logs locally
+        space = {"space_id": run_config["trackio_space_id"]} if module_name == "trackio" and run_config.get(
+            "trackio_space_id") else {}
+        self.module.init(project=project, name=run_name, config=run_config, **space)
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self.module.log(record, step=step)

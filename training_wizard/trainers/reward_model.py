@@ -18,6 +18,7 @@ import torch
 
 from training_wizard.core.supervised import bradley_terry_loss
 from training_wizard.errors import UserError
+from training_wizard.specs.chat_rendering import chat_ids
 from training_wizard.specs.dataset import check_roles
 from training_wizard.trainers.config import RewardConfig
 from training_wizard.trainers.sft import RowName
@@ -44,10 +45,7 @@ def _render(tokenizer, prompt: Any, completion: Any, where: str, key: str, extra
         check_roles(completion, extra_roles, where, key)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"{where}: conversational pairs need a tokenizer with a chat template")
-        encoded = tokenizer.apply_chat_template(messages, tokenize=True)
-        if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
-            encoded = encoded["input_ids"]
-        return list(encoded)
+        return chat_ids(tokenizer, messages)
     raise UserError(f"{where}: 'prompt' and '{key}' must both be strings or both lists of messages")
 
 

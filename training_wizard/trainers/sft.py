@@ -22,6 +22,7 @@ import torch
 
 from training_wizard.core.supervised import token_loss_sums
 from training_wizard.errors import UserError
+from training_wizard.specs.chat_rendering import bind_chat_template_kwargs, chat_ids
 from training_wizard.specs.dataset import check_roles
 from training_wizard.trainers.config import SFTConfig
 from training_wizard.trainers.supervised import SupervisedTrainer
@@ -57,11 +58,7 @@ class RowName:
 
 def _chat_ids(tokenizer, messages: list[dict[str, str]], generation_prompt: bool,
               tools: list[dict] | None = None) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                            tokenize=True)
-    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
-        encoded = encoded["input_ids"]
-    return list(encoded)
+    return chat_ids(tokenizer, messages, tools=tools or None, add_generation_prompt=generation_prompt)
 
 
 def _text_ids(tokenizer, text: str, special: bool) -> list[int]:
@@ -194,6 +191,7 @@ def encode_sft_rows(rows, tokenizer, config: SFTConfig, label: str = "dataset",
     the first token alone) are dropped. Returns (examples, how many were dropped). `where(i)` names row i in
     messages (with its file and line: `DataSourceSpec.row_name`); by default 'dataset row i'."""
     where = where or (lambda index: f"{label} row {index}")
+    bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)
     examples, dropped = [], 0
     for index, row in enumerate(rows):
         example = encode_sft_row(dict(row), tokenizer, config, RowName(where, index))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -70,6 +70,10 @@ class SFTConfig(SupervisedConfig):
         None, description="The chat template conversational rows are rendered with, instead of the tokenizer's (TRL's "
         "name): a template name (\"hermes\": ChatML with Hermes tool calls), a Jinja file, or the template text. It "
         "is saved with model/, so a later recipe renders prompts the same way (e.g. an episode recipe's tools)."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template when conversational rows are rendered (TRL's "
+        "GRPOConfig name), e.g. {enable_thinking = false} for Qwen3's template."
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from os import PathLike
 from pathlib import Path
@@ -33,13 +34,24 @@ from pydantic import ValidationError
 
 from training_wizard.errors import UserError
 from training_wizard.spec import describe_error, error_key
+from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.prompt_rows import check_prompt_rows
 from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.trl_keys import shown
 
 # The older constructor's name for each TRL argument it shares a meaning with.
 _SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "policy", "reward_funcs": "reward_model"}
 # The arguments only TRL's form has: any of them given, the model and tokenizer are set up as TRL's trainers do.
 _TRL_ONLY = ("model", "reward_funcs", "processing_class", "reward_processing_classes", "peft_config")
+# TRL 1.16's defaults that decide how many optimizer steps a run takes, by trainer: followed by the TRL-form
+# constructor (TrainingArguments' 3 epochs; RLOO's one pass over each generation, num_iterations).
+_STEP_DEFAULTS = {"GRPO": {"num_train_epochs": 3.0}, "RLOO": {"num_train_epochs": 3.0, "num_ppo_epochs": 1}}
+# TRL 1.16's defaults ours keep (docs/trl_options.md, "Where our defaults differ"): named at start when unset.
+_KEPT_DEFAULTS = {
+    "GRPO": {"bf16": True, "gradient_checkpointing": True, "logging_steps": 10, "save_steps": 500},
+    "RLOO": {"bf16": True, "gradient_checkpointing": True, "logging_steps": 10, "save_steps": 500,
+             "response_length": 512, "temperature": 1.0, "learning_rate": 1e-6},
+}
 # TransformerSpec fields that model_init_kwargs may set; the remaining keys go to from_pretrained as they are.
 _SPEC_KEYS = ("revision", "trust_remote_code", "attn_implementation")
 
@@ -65,12 +77,15 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
         if passed.get(name) is not None:
             check_prompt_rows(passed[name], name)
     if not any(trl.get(name) is not None for name in _TRL_ONLY):
+        bind_chat_template_kwargs(passed.get("tokenizer"), config.chat_template_kwargs)
         return passed  # the older arguments as they were given
+    follow_trl_defaults(config, suffix)
     model = trl["model"] if trl.get("model") is not None else passed.pop("policy", None)
     if model is None:
         raise UserError("model: required (a model folder, a cached Hub id or a model object)")
     tokenizer = trl["processing_class"] if trl.get("processing_class") is not None else passed.get("tokenizer")
     policy, tokenizer = load_policy(model, tokenizer, config, trl.get("peft_config"))
+    bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)
     passed.update(policy=policy, tokenizer=tokenizer)
     if trl.get("reward_funcs") is not None:
         passed["reward_model"] = reward_spec(trl["reward_funcs"], trl.get("reward_processing_classes"), config)
@@ -80,6 +95,26 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     if passed.get("train_dataset") is None:
         raise UserError("train_dataset: required (a datasets.Dataset with a 'prompt' column, or a list of rows)")
     return passed
+
+
+def follow_trl_defaults(config: OnPolicyConfig, suffix: str) -> None:
+    """The TRL-form constructor trains as many optimizer steps on the same rows as TRL 1.16 would: TRL's defaults
+    that decide the count replace ours where `args` leaves them unset (a recipe and the older constructor keep
+    ours). The defaults that still differ, unset in `args`, are printed once."""
+    unset = [key for key in _STEP_DEFAULTS[suffix] if key not in config.model_fields_set]
+    # under max_steps or total_episodes the epochs decide nothing, and an existing script's count of passes over
+    # each generation is kept
+    follow = [key for key in unset if key == "num_train_epochs" or (config.total_episodes is None
+                                                                   and config.max_steps is None)]
+    for key in follow:
+        setattr(config, key, _STEP_DEFAULTS[suffix][key])
+    config.model_fields_set.difference_update(follow)  # still TRL's default, not the caller's choice
+    kept = [f"{key} {shown(getattr(config, key))} (TRL {shown(trl_value)})"
+            for key, trl_value in {**_STEP_DEFAULTS[suffix], **_KEPT_DEFAULTS[suffix]}.items()
+            if key not in config.model_fields_set and getattr(config, key) != trl_value]
+    if kept and os.environ.get("RANK", "0") == "0":
+        print(f"{type(config).__name__}: defaults that differ from TRL 1.16's (set them in args for TRL's): "
+              f"{', '.join(kept)}")
 
 
 def refuse_unsupported(trl: dict[str, Any]) -> None:
@@ -178,7 +213,7 @@ def checkpoint_dtype(spec) -> str:
 def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConfig):
     """One RewardObjectsSpec of TRL's reward_funcs (functions, reward model names, reward model objects), weighted
     by args.reward_weights, the reward models read with their reward_processing_classes."""
-    from training_wizard.specs.reward_model_function import model_reward_function
+    from training_wizard.specs.reward_model_function import ModelRewardFunction, model_reward_function
     from training_wizard.specs.reward_objects import RewardObjectsSpec
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -195,6 +230,9 @@ def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConf
     trust = bool(kwargs.get("trust_remote_code", getattr(config, "trust_remote_code", False)))
     functions = [model_reward_function(fn, tokenizer, dtype, trust) if isinstance(fn, str) or is_model(fn) else fn
                  for fn, tokenizer in zip(funcs, tokenizers)]
+    for function in functions:  # TRL renders conversations for reward models with the same template variables
+        if isinstance(function, ModelRewardFunction):
+            bind_chat_template_kwargs(function.spec.load()[1], config.chat_template_kwargs)
     weights = getattr(config, "reward_weights", None)
     try:
         return RewardObjectsSpec(reward_funcs=functions, reward_weights=weights)

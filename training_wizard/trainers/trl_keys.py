@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import Field, model_validator
+from pydantic import Field, PositiveInt, field_serializer, model_validator
 
 from training_wizard.spec import KeyValueError
 from training_wizard.trainers.run_config import RunConfig
@@ -218,7 +218,7 @@ TRAINING_ARGUMENTS: dict[str, Rule] = {
     "logging_first_step": unsupported("the first logged iteration is iteration logging_steps; set logging_steps = 1"),
     "include_num_input_tokens_seen": unsupported("tokens_per_s is logged instead"),
     "disable_tqdm": unsupported("progress is printed by training-wizard's own line"),
-    "trackio_space_id": unsupported("trackio logs locally (report_to = [\"trackio\"])"),
+    "trackio_space_id": ours(),
     "trackio_bucket_id": unsupported("trackio logs locally (report_to = [\"trackio\"])"),
     "trackio_static_space_id": unsupported("trackio logs locally (report_to = [\"trackio\"])"),
     "eval_delay": unsupported("evaluation runs every eval_steps iterations from the first"),
@@ -285,7 +285,7 @@ TRL_OPTIONS: dict[str, Rule] = {
     "use_bias_correction_kl": only((False,), "the KL term is not multiplied by the importance ratio here; set it "
                                    "to false"),
     "log_multimodal": only((False,), "text only: there are no images to log; set it to false"),
-    "num_completions_to_print": only((None,), "the sample table shows every completion of its batch"),
+    "num_completions_to_print": ours(),
     "log_completions": Rule("translated", "", _log_completions),
     "log_unique_prompts": unsupported("the sample table shows every completion of its batch"),
     "router_aux_loss_coef": unsupported("no mixture-of-experts load-balancing loss is added"),
@@ -294,7 +294,7 @@ TRL_OPTIONS: dict[str, Rule] = {
     "num_generations_eval": unsupported("evaluation samples one completion per prompt"),
     "generation_kwargs": unsupported("temperature, top_p, top_k, min_p and repetition_penalty are the sampler's "
                                      "options"),
-    "chat_template_kwargs": unsupported("the tokenizer's chat template is applied as it is"),
+    "chat_template_kwargs": ours(),
     "cache_implementation": unsupported("the decode loop manages its own key/value cache"),
     "vllm_structured_outputs_regex": unsupported("no constrained decoding"),
     "vllm_group_port": refused("not supported: training-wizard vllm-serve receives weights over HTTP, not a NCCL "
@@ -362,7 +362,30 @@ class TRLKeys(RunConfig):
         None, description="TRL's weights of the Python constructor's reward_funcs, one each (default: 1 each). "
         "Python API only: a recipe sets [reward] reward_weights.")
 
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template, passed to every rendering of a conversation "
+        "(prompts, episode turns, evaluation), e.g. {enable_thinking = false} for Qwen3's template.")
+    num_completions_to_print: PositiveInt | None = Field(
+        None, description="Rows of the sample table printed at each sample event (TRL's name); unset: 4. "
+        "samples.jsonl receives the same rows.")
+    trackio_space_id: str | None = Field(
+        None, description="The Hugging Face Space trackio sends the run to (report_to = [\"trackio\"]); unset: "
+        "trackio logs locally. Without trackio installed it is only recorded in the run's config.")
+
+    @field_serializer("model_init_kwargs")
+    def _dtype_names(self, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A torch dtype (TRL's scripts pass torch.bfloat16) is written as its name, which loading reads back."""
+        if kwargs is None:
+            return None
+        return {key: str(value).removeprefix("torch.") if _is_dtype(value) else value for key, value in kwargs.items()}
+
     @model_validator(mode="before")
     @classmethod
     def _trl_keys(cls, data: Any) -> Any:
         return read_trl_keys(cls, data) if isinstance(data, dict) else data
+
+
+def _is_dtype(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.dtype)
