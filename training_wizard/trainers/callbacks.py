@@ -14,6 +14,10 @@ A callback gets the events TRL's trainers raise where the loop has a matching po
 
 `control.should_training_stop` set by a callback ends training after the current iteration; the other `control`
 flags are not read (logging, evaluation and checkpoints follow logging_steps, eval_steps and save_steps).
+
+The `TrainerState` is the trainer's own `state` (trainers/run_state.py), kept up to date with or without
+callbacks, so a script reads `trainer.state.global_step` and `trainer.state.log_history` after `train()` as it
+does with TRL's trainers; `train()` returns transformers' TrainOutput (trainers/trl_results.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from training_wizard.errors import UserError
+from training_wizard.trainers.trl_results import TRLResults
 
 
 class StopFromCallback(Exception):
@@ -30,8 +35,8 @@ class StopFromCallback(Exception):
 class CallbackRunner:
     """The callbacks of one trainer, its `TrainerState` and `TrainerControl`, and the events it raises."""
 
-    def __init__(self, callbacks: list[Any] | None):
-        from transformers import TrainerCallback, TrainerControl, TrainerState
+    def __init__(self, callbacks: list[Any] | None, state):
+        from transformers import TrainerCallback, TrainerControl
 
         self.callbacks = []
         for callback in callbacks or []:
@@ -41,7 +46,7 @@ class CallbackRunner:
                 raise UserError(f"callbacks: expected transformers TrainerCallback instances, got "
                                 f"{type(callback).__name__}")
             self.callbacks.append(callback)
-        self.state = TrainerState()
+        self.state = state
         self.control = TrainerControl()
 
     def sync(self, trainer) -> None:
@@ -93,26 +98,27 @@ class CallbackMetrics:
         return getattr(self.logger, name)
 
 
-class TRLTrainerMethods:
-    """Mixed into a trainer before OnPolicyTrainer: raises the callbacks' events around the loop's steps, and
-    adds the methods of TRL's trainers that scripts call besides train() (add_callback, save_model)."""
+class TRLTrainerMethods(TRLResults):
+    """Mixed into a trainer before OnPolicyTrainer: raises the callbacks' events around the loop's steps, keeps
+    `state` a TrainerState, and adds the methods of TRL's trainers that scripts call besides train()
+    (add_callback, save_model, and trainers/trl_results.py's)."""
 
-    callback_runner: CallbackRunner | None = None
+    events: CallbackRunner  # raises the events and keeps `state` current, with or without callbacks
+
+    @property
+    def callback_runner(self) -> CallbackRunner | None:
+        """The runner when a callback is attached, else None."""
+        return self.events if self.events.callbacks else None
 
     def attach_callbacks(self, callbacks: list[Any] | None) -> None:
-        """Called once the trainer is built; nothing changes when there are no callbacks."""
-        if not callbacks:
-            return
-        self.callback_runner = CallbackRunner(callbacks)
-        self.metrics = CallbackMetrics(self.metrics, self.callback_runner, self)
-        self.callback_runner.event("on_init_end", self)
+        """Called once the trainer is built."""
+        self.events = CallbackRunner(callbacks, self.state)
+        self.metrics = CallbackMetrics(self.metrics, self.events, self)
+        self.events.event("on_init_end", self)
 
     def add_callback(self, callback: Any) -> None:
         """transformers' Trainer.add_callback: one more callback (an instance or a class)."""
-        if self.callback_runner is None:
-            self.attach_callbacks([callback])
-        else:
-            self.callback_runner.callbacks += CallbackRunner([callback]).callbacks
+        self.events.callbacks += CallbackRunner([callback], self.state).callbacks
 
     def save_model(self, output_dir: str | None = None) -> None:
         """transformers' Trainer.save_model: the policy (a LoRA policy's adapter) and its tokenizer, in Hugging
@@ -123,21 +129,23 @@ class TRLTrainerMethods:
 
         save_final_model(self, Path(output_dir or self.config.output_dir))
 
-    def train(self, resume_from_checkpoint: str | None = None) -> None:
-        runner = self.callback_runner
-        if runner is None:
-            return super().train(resume_from_checkpoint)
+    def train(self, resume_from_checkpoint: str | None = None):
+        """The loop's train(); returns transformers' TrainOutput(global_step, training_loss, metrics)."""
+        import time
+
+        runner = self.events
+        self._train_started, self.trl_loss_sum, self.trl_loss_steps = time.perf_counter(), 0.0, 0
         runner.event("on_train_begin", self)
         try:
             super().train(resume_from_checkpoint)
         except StopFromCallback:
             pass  # the loop's own clean-up ran (trainers/base.py: train's finally)
         runner.event("on_train_end", self)
+        # transformers logs these before on_train_end; after it here, so callbacks see only the iterations' logs
+        return self.train_output(self.trl_loss_sum, self.trl_loss_steps)
 
     def _iteration(self, stop, progress) -> None:
-        runner = self.callback_runner
-        if runner is None:
-            return super()._iteration(stop, progress)
+        runner = self.events
         runner.event("on_step_begin", self)
         super()._iteration(stop, progress)
         runner.event("on_step_end", self)

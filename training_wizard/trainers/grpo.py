@@ -8,9 +8,8 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   dapo/bnpo/cispo token counts of each optimizer step are taken before its first micro-batch
   (`optimizer_step_totals`) and passed to each of its micro-batches, so gradient accumulation and several
   processes give the whole step's gradient;
-- TRL's GRPO metric names beside the shared ones (`reward`, `reward_std`, `frac_reward_zero_std`,
-  `completions/clipped_ratio`, `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy`, `kl`, `rewards/<name>/mean`
-  and `/std`).
+- TRL's GRPO metric names beside the shared ones: `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy` and `kl`
+  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/trl_metrics.py).
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import GRPOConfig
-from training_wizard.trainers.rollout_metrics import component_std
 from training_wizard.trainers.trl_arguments import trainer_arguments
+from training_wizard.trainers.trl_metrics import TRLMetrics
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class GRPOTrainer(TRLTrainerMethods, OnPolicyTrainer):
+class GRPOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
     """num_generations completions per prompt; each one's advantage is its reward minus its group's mean.
 
     TRL 1.16's arguments: `GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
@@ -112,23 +111,13 @@ class GRPOTrainer(TRLTrainerMethods, OnPolicyTrainer):
         return pooled[~torch.isnan(pooled)].to(entropy.device)
 
     # -- step 8 ------------------------------------------------------------------------------------------------
-    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped, update_stats, eps, lr, update_seconds) -> dict:
-        """The shared metrics plus TRL's GRPO names for the rollout's rewards and lengths."""
-        metrics = super()._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
-        device = self.accelerator.device
-        mean, variance = self.collectives.global_moments(local_moments)(rollout.scores.float())
-        shares = torch.stack([shaped.std_is_zero.float().mean(), (~rollout.has_stop).float().mean()]).to(device)
-        shares = self.collectives.mean(shares)  # every process holds the same number of rows
-        metrics.update({
-            "reward": float(mean),
-            "reward_std": float(variance.clamp(min=0).sqrt()),
-            "frac_reward_zero_std": float(shares[0]),
-            "completions/clipped_ratio": float(shares[1]),
-        })
-        for name, values in rollout.components.items():
-            component = metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
-            metrics[f"rewards/{name}/std"] = component_std(self.collectives, device, values, component)
-        return metrics
+    def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped) -> torch.Tensor:
+        """The rows whose advantage scale was zero (with scale_rewards = "batch", the whole batch's)."""
+        return shaped.std_is_zero
+
+    def trl_kl_sum(self, shaped) -> None:
+        """TRL's GRPO logs `kl` from its loss pass: grpo_loss's statistics hold it."""
+        return None
 
 
 def grpo_loss(shaped: dict[str, torch.Tensor], forward: PolicyForward, step: StepTokens, config: GRPOConfig,

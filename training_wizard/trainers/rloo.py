@@ -12,10 +12,11 @@ from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import RLOOConfig
 from training_wizard.trainers.trl_arguments import trainer_arguments
+from training_wizard.trainers.trl_metrics import TRLMetrics
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class RLOOTrainer(TRLTrainerMethods, OnPolicyTrainer):
+class RLOOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
     """k completions per prompt; each completion's baseline is the mean reward of the other k - 1.
 
     TRL 1.16's arguments: `RLOOTrainer(model=..., reward_funcs=..., args=RLOOConfig(...), train_dataset=...,
@@ -81,5 +82,20 @@ def rloo_loss(rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor], fo
     out = surrogate(forward.token.logprobs, forward.old_logprobs, shaped["advantages"], mask, config.cliprange,
                     weights, cliprange_high=config.epsilon_high)
     stats = {"loss/policy_avg": out.loss.detach(), "policy/approxkl_avg": out.approxkl,
-             "policy/clipfrac_avg": out.clipfrac}
+             "policy/clipfrac_avg": out.clipfrac,
+             **clip_ratios(out.ratio.detach(), shaped["advantages"], mask, config)}
     return MicroBatchLoss(loss=out.loss, entropy=forward.token.entropy, ratio=out.ratio, stats=stats)
+
+
+def clip_ratios(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                config: RLOOConfig) -> dict[str, torch.Tensor]:
+    """TRL's clip_ratio/* of one micro-batch: the share of ratios below 1 - cliprange with a negative advantage
+    (low), above 1 + epsilon_high with a positive one (high), and either (region); over completions for the
+    sequence-level loss, over loss tokens for the token-level one. ratio, advantages: (B,) or (B, T)."""
+    high_bound = 1 + (config.epsilon_high if config.epsilon_high is not None else config.cliprange)
+    low = (ratio < 1 - config.cliprange) & (advantages < 0)
+    high = (ratio > high_bound) & (advantages > 0)
+    kept = mask if ratio.dim() == 2 else torch.ones_like(ratio, dtype=torch.bool)
+    count = kept.sum().clamp(min=1)
+    shares = [(flags & kept).sum() / count for flags in (low, high, low | high)]
+    return dict(zip(("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"), shares))

@@ -6,18 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import TrainerState
 
 from training_wizard.rollout.prompts import PromptOrder
 
 
-class RunState:
+class RunState(TrainerState):
     """All state a checkpoint needs beyond weights and optimizer: counters, data position, RNG streams.
 
     `state_dict()` is plain data (ints, dicts, CPU tensors), so checkpoints load with `weights_only=True`.
     Sampling noise is keyed by (seed, iteration, slot) and needs no state of its own.
+
+    It is also the trainer's transformers `TrainerState` (`trainer.state`, as scripts written for TRL read it):
+    `global_step`, `epoch`, `max_steps` and the rest are kept up to date by trainers/callbacks.py, `log_history`
+    holds every metrics record (`save_state` writes it as trainer_state.json); of those fields only
+    `num_input_tokens_seen` (TRL's `num_tokens`) is part of a checkpoint, the others are derived from the counters.
     """
 
     def __init__(self, seed: int, num_rows: int):
+        super().__init__()
         self.iteration = 0
         self.episode = 0
         self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
@@ -48,6 +55,7 @@ class RunState:
             "dropped_stale_rows": self.dropped_stale_rows,
             "failed_episodes": self.failed_episodes,
             "failed_iterations_in_a_row": self.failed_iterations_in_a_row,
+            "num_input_tokens_seen": self.num_input_tokens_seen,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -57,6 +65,7 @@ class RunState:
         self.dropped_stale_rows = int(state.get("dropped_stale_rows", 0))
         self.failed_episodes = int(state.get("failed_episodes", 0))
         self.failed_iterations_in_a_row = int(state.get("failed_iterations_in_a_row", 0))
+        self.num_input_tokens_seen = int(state.get("num_input_tokens_seen", 0))
         self.prompt_order.load_state_dict(state["prompt_order"])
         self.update_generator.set_state(state["update_generator"])
         torch.set_rng_state(state["torch_rng"])

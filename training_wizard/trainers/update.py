@@ -78,6 +78,7 @@ class UpdateLoop:
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.update_corrections: list[tuple] = []  # async_rollouts, one pass: the correction of each micro-batch
         ratios: list[torch.Tensor] = []
+        self.last_grad_norm: float | None = None
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
             step_totals = self.optimizer_step_totals(shaped, order)
@@ -95,6 +96,8 @@ class UpdateLoop:
         summary = {key: float(self.collectives.mean(torch.stack(values).mean().to(self.accelerator.device)))
                    for key, values in stats.items()}
         summary.update(self._ratio_summary(ratios))
+        if self.last_grad_norm is not None:  # transformers' grad_norm: the last optimizer step's, before clipping
+            summary["grad_norm"] = self.last_grad_norm
         return summary
 
     def optimizer_step_totals(self, shaped: ShapedRewards, order: torch.Tensor) -> list | None:
@@ -174,5 +177,6 @@ class UpdateLoop:
         (trainers/step.py)."""
         outcome = self.optimizer_step(flags, guards.MINI_BATCH_TENSORS,
                                       lambda name: guards.nonfinite_error(name, self.state.iteration, where))
+        self.last_grad_norm = outcome.grad_norm
         if not outcome.stepped:
             self.state.skipped_batches += 1
