@@ -33,8 +33,6 @@ def test_tool_and_environment_scripts_train(script, tools_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="GRPOTrainer does not yet build prompt rows for an environment that supplies "
-                   "them (rollout.episode_start.environment_rows): train_dataset is still required")
 @pytest.mark.parametrize("script", ["trl_env_reset_prompt.py", "trl_env_routed.py"])
 def test_environments_that_supply_the_prompt_train(script, tools_model_dir, tmp_path):
     assert [record["episode"] for record in run_port(script, tools_model_dir, tmp_path)] == [4, 8]

@@ -121,3 +121,20 @@ def test_ppo_s_python_rows_are_checked_as_grpo_s(tokenizer, tmp_path, dataset, e
     with pytest.raises(UserError) as caught:
         make_ppo_trainer(tokenizer, tmp_path, dataset=dataset)
     assert clean_line(caught.value).startswith(expected)
+
+
+class PromptingGame:
+    """An environment whose reset supplies the prompt (TRL's mode without a dataset)."""
+
+    def reset(self, **kwargs) -> str:
+        return "Say hi."
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def test_an_environment_supplying_the_prompt_needs_max_steps(tiny_model_dir, tmp_path):
+    with pytest.raises(UserError, match=r"^train_dataset: not given, so the environment's reset supplies each prompt "
+                                        r"and max_steps sets the run's length \(as in TRL\); set args.max_steps$"):
+        GRPOTrainer(model=str(tiny_model_dir), args=GRPOConfig(output_dir=str(tmp_path)),
+                    environment_factory=PromptingGame)

@@ -170,7 +170,6 @@ def test_trl_forms_of_our_keys_mean_what_they_mean_in_trl():
     ({"report_to": "all"}, 'report_to: "all" is not supported: name the trackers'),
     ({"save_strategy": "no", "save_steps": 5}, 'save_strategy = "no" means save_steps = unset, but save_steps is 5'),
     ({"log_completions": False, "num_sample_generations": 3}, "means num_sample_generations = 0"),
-    ({"num_completions_to_print": 2}, "num_completions_to_print: 2 is not supported"),
 ])
 def test_refusals_name_the_key_and_what_to_use_instead(options, message):
     with pytest.raises(ValidationError) as caught:

@@ -51,3 +51,11 @@ def test_trackio_space_id_is_passed_to_trackio(tmp_path, monkeypatch):
     logger.log({"loss": 1.0}, 1)
     logger.close()
     assert calls and calls[0]["space_id"] == "me/space"
+
+
+def test_ppo_binds_chat_template_kwargs_as_grpo_and_rloo_do(tokenizer, tmp_path):
+    from tests.helpers import make_ppo_trainer
+    from training_wizard.specs.chat_rendering import chat_template_kwargs
+
+    trainer = make_ppo_trainer(tokenizer, tmp_path, chat_template_kwargs={"enable_thinking": False})
+    assert chat_template_kwargs(trainer.tokenizer) == {"enable_thinking": False}

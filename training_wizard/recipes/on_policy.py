@@ -20,6 +20,7 @@ from rich.table import Table
 from training_wizard.errors import UserError
 from training_wizard.recipes.final_model import save_final_model
 from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
+from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
 from training_wizard.specs.model import TransformerSpec
@@ -113,6 +114,7 @@ class OnPolicyRecipe(Recipe):
         accelerator, console = self.open_run(config)
         tokenizer = self.model.load_tokenizer()
         self.use_chat_template(tokenizer)
+        bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)  # before any prompt is rendered
         train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
         plan = config.batch_plan(accelerator.num_processes, len(train_rows))
         console.print(batch_table(plan))

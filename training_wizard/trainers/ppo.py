@@ -45,9 +45,11 @@ class PPOTrainer(OnPolicyTrainer):
     def __init__(self, config: PPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
                  value_model: torch.nn.Module | None = None, eval_dataset=None, accelerator=None, **sources):
         """`sources`: `generation_backend` and `rollout_source`, as for every trainer (trainers/base.py)."""
+        from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
         from training_wizard.specs.prompt_rows import check_trainer_datasets
 
         check_trainer_datasets(train_dataset, eval_dataset)  # as GRPO's and RLOO's TRL-form arguments are checked
+        bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)
         value_model = value_model if value_model is not None else _default_value_model(policy, reward_model)
         super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
                          train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,

@@ -33,6 +33,7 @@ import torch
 from pydantic import ValidationError
 
 from training_wizard.errors import UserError
+from training_wizard.rollout.episode_start import environment_rows
 from training_wizard.spec import describe_error, error_key
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.prompt_rows import check_prompt_rows
@@ -73,6 +74,9 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     for name in ("train_dataset", "eval_dataset", "tools", "environment_factory"):
         if trl.get(name) is not None:
             passed[name] = trl[name]
+    if passed.get("environment_factory") is not None:  # TRL's modes where the environment supplies the prompt
+        passed["train_dataset"] = environment_rows(passed.get("train_dataset"), passed["environment_factory"],
+                                                   rows_for_one_iteration(config, passed.get("train_dataset")))
     for name in ("train_dataset", "eval_dataset"):  # before any model loads: a bad row costs no loading time
         if passed.get(name) is not None:
             check_prompt_rows(passed[name], name)
@@ -95,6 +99,17 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     if passed.get("train_dataset") is None:
         raise UserError("train_dataset: required (a datasets.Dataset with a 'prompt' column, or a list of rows)")
     return passed
+
+
+def rows_for_one_iteration(config: OnPolicyConfig, train_dataset: Any) -> int:
+    """Without a dataset, `reset` supplies every prompt: one iteration's worth of placeholder rows (on one process),
+    so that max_steps, which TRL then requires, sets the run's length (an epoch is one iteration)."""
+    if train_dataset is not None:
+        return 0  # unused: the rows given are kept
+    if config.max_steps is None:
+        raise UserError("train_dataset: not given, so the environment's reset supplies each prompt and max_steps "
+                        "sets the run's length (as in TRL); set args.max_steps")
+    return config.batch_plan(1).prompts_per_iteration
 
 
 def follow_trl_defaults(config: OnPolicyConfig, suffix: str) -> None:
