@@ -88,6 +88,7 @@ def test_state_log_history_and_train_output_without_callbacks(trained):
     assert isinstance(output, TrainOutput) and output.global_step == 4
     assert output.training_loss == pytest.approx(sum(r["loss/policy_avg"] for r in records) / 2)
     assert history[-1] == {**output.metrics, "step": 4} and output.metrics["train_loss"] == output.training_loss
+    assert all(entry["step_time"] > 0 for entry in history[:-1])  # TRL's, in log_history only: a wall-clock figure
     assert trainer.args is trainer.config and trainer.model is trainer.unwrapped_policy
 
 
@@ -97,7 +98,7 @@ def test_rloo_logs_trls_names_beside_ours(trained):
     for record in records:
         assert record["reward"] == pytest.approx(record["objective/scores"])
         assert record["loss"] == record["loss/policy_avg"] and record["learning_rate"] == record["lr"]
-        assert record["grad_norm"] > 0 and record["step_time"] > 0 and math.isfinite(record["kl"])
+        assert record["grad_norm"] > 0 and math.isfinite(record["kl"]) and "step_time" not in record
         assert record["completions/min_length"] <= record["completions/mean_length"] <= record[
             "completions/max_length"]
     tokens = [record["num_tokens"] for record in records]
@@ -126,3 +127,10 @@ def test_push_to_hub_without_a_token_is_one_line_after_saving(tokenizer, tmp_pat
                        r"login`\); nothing was uploaded; the model is saved in "):
         trainer.push_to_hub()
     assert (tmp_path / "model.safetensors").exists() and trainer.hub_model_id is None
+
+
+def test_the_summary_shows_each_reward_component_once_beside_trls_mean_and_std():
+    from training_wizard.tracking.summary import main_metric_names
+
+    present = {"objective/scores", "rewards/a", "rewards/a/mean", "rewards/a/std", "reward", "reward_std"}
+    assert main_metric_names(present) == ["objective/scores", "rewards/a"]

@@ -18,7 +18,9 @@ EVAL_METRICS = ("eval/scores", "eval/kl", "eval/response_length")
 
 def main_metric_names(present: set[str] | list[str]) -> list[str]:
     """The main metrics among `present`: scores, rlhf_reward, each reward component, kl, mean completion length."""
-    components = sorted(k for k in present if k.startswith("rewards/"))
+    # TRL's rewards/<name>/mean and /std repeat a component logged as rewards/<name>: the component is shown once
+    components = sorted(k for k in present if k.startswith("rewards/")
+                        and not (k.endswith(("/mean", "/std")) and k.rsplit("/", 1)[0] in present))
     ordered = [*MAIN_METRICS[:2], *components, *MAIN_METRICS[2:]]
     return [name for name in ordered if name in present]
 

@@ -87,7 +87,8 @@ class CallbackMetrics:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.logger.log(metrics, step)
         self.runner.sync(self.trainer)
-        logs = {**metrics, "epoch": self.runner.state.epoch}
+        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/trl_metrics.py)
+        logs = {**metrics, **(wall_clock(metrics) if wall_clock else {}), "epoch": self.runner.state.epoch}
         self.runner.state.log_history.append({**logs, "step": self.runner.state.global_step})
         self.runner.event("on_log", self.trainer, logs=logs)
 

@@ -3,8 +3,9 @@
 TRL's GRPOTrainer and RLOOTrainer log `reward`, `reward_std`, `frac_reward_zero_std`, `rewards/<name>/mean` and
 `/std`, `kl`, `entropy`, `num_tokens`, `step_time`, `completions/*_length`, `completions/clipped_ratio` and
 `clip_ratio/*`; transformers' Trainer adds `loss`, `grad_norm` and `learning_rate`, and prefixes evaluation's with
-`eval_`. Where we compute the same quantity it is logged under TRL's name with TRL's definition. Each group of
-values below is one collective and one host sync (collectives.py), not one per value.
+`eval_`. Where we compute the same quantity it is logged under TRL's name with TRL's definition; `step_time`, a
+wall-clock figure, reaches `state.log_history` only (`wall_clock_logs`). Each group of values below is one
+collective and one host sync (collectives.py), not one per value.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class TRLMetrics:
 
     trl_loss_sum = 0.0  # `loss` times the optimizer steps of each iteration since train() began
     trl_loss_steps = 0  # those optimizer steps
+    trl_step_time = 0.0  # seconds per optimizer step of the last iteration
 
     def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped) -> torch.Tensor:
         """(B,) bool: the row's group scored all its completions alike. GRPO's shaping has it already."""
@@ -98,7 +100,7 @@ class TRLMetrics:
         # a value the trainer already logs under TRL's name (GRPO's update: entropy, kl) is the one kept
         metrics.update({name: value for name, value in trl.items() if name not in metrics})
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
-        metrics["step_time"] = (time.perf_counter() - self._iteration_started) / steps  # per optimizer step
+        self.trl_step_time = (time.perf_counter() - self._iteration_started) / steps  # per optimizer step
         if "loss" in metrics:  # train()'s training_loss: the mean over the optimizer steps it ran
             self.trl_loss_sum += metrics["loss"] * steps
             self.trl_loss_steps += steps
@@ -106,6 +108,11 @@ class TRLMetrics:
             component = metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
             metrics[f"rewards/{name}/std"] = component_std(collectives, device, values, component)
         return metrics
+
+    def wall_clock_logs(self, metrics: dict[str, float]) -> dict[str, float]:
+        """TRL's `step_time` for `state.log_history` beside a training record: a wall-clock figure kept out of
+        metrics.jsonl, whose values two runs of one recipe repeat exactly apart from eps, time/* and tokens_per_s."""
+        return {"step_time": self.trl_step_time} if "loss" in metrics else {}
 
     def evaluate(self) -> dict[str, float]:
         """Ours (eval/*) and TRL's eval_ names of the same values (reward, completion length)."""
