@@ -102,7 +102,7 @@ def test_async_options_that_contradict_each_other_are_refused_with_one_line(toke
         RLOOConfig(async_rollouts=True, max_staleness=0, max_inflight_tasks=16)
     with pytest.raises(ValueError, match=r"weight_sync_steps above 1 .* needs async_producer = 'thread'"):
         RLOOConfig(async_rollouts=True, weight_sync_steps=2, async_producer="inline")
-    with pytest.raises(UserError, match=r"^training.max_inflight_tasks: 24 is not a multiple of the 16 completions"):
+    with pytest.raises(UserError, match=r"^args.max_inflight_tasks: 24 is not a multiple of the 16 completions"):
         make_rloo_trainer(tokenizer, tmp_path, **OPTIONS, async_rollouts=True, max_inflight_tasks=24)
 
 
@@ -203,7 +203,7 @@ def test_a_stalled_producer_stops_the_run_with_one_line_and_the_checkpoint_intac
     trainer = make_rloo_trainer(tokenizer, tmp_path, reward=reward, **OPTIONS, async_rollouts=True,
                                 async_producer_timeout=0.5, save_steps=1)
     try:
-        with pytest.raises(UserError, match=r"training.async_producer_timeout: the rollout producer gave no batch "
+        with pytest.raises(UserError, match=r"args.async_producer_timeout: the rollout producer gave no batch "
                                             r"within 0.5 s"):
             trainer.train()
         assert not reward.returned.is_set()  # the run stopped while the third batch's reward was still blocked
