@@ -16,7 +16,7 @@ from tests.helpers import distinct, make_grpo_trainer, make_rloo_trainer
 from training_wizard.errors import UserError
 from training_wizard.trainers.rloo import clip_ratios
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.trl_metrics import completion_metrics, reward_metrics
+from training_wizard.trainers.trl_metrics import completion_metrics, reward_metrics, tokens_read
 from training_wizard.tracking.metrics import read_metrics
 
 ONE_PROCESS = SimpleNamespace(sum=lambda tensor: tensor, max=lambda tensor: tensor)
@@ -26,21 +26,22 @@ def batch(lengths: list[int], stopped: list[bool], scores: list[float] | None = 
     """A stand-in trajectory batch: each row's first `length` tokens real and trained on."""
     width = max(lengths)
     mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
-    return SimpleNamespace(loss_mask=mask, completion_mask=mask, has_stop=torch.tensor(stopped),
+    return SimpleNamespace(loss_mask=mask, completion_mask=torch.ones_like(mask), has_stop=torch.tensor(stopped),
                            prompt_mask=torch.ones(len(lengths), prompt, dtype=torch.bool),
                            scores=torch.tensor(scores or [0.0] * len(lengths)))
 
 
 def test_completion_metrics_follow_trls_definitions():
-    metrics, tokens = completion_metrics(ONE_PROCESS, "cpu", batch([3, 5, 2], [True, False, True]))
+    rows = batch([3, 5, 2], [True, False, True])
+    metrics = completion_metrics(ONE_PROCESS, "cpu", rows)
     assert metrics == {
         "completions/mean_length": pytest.approx(10 / 3), "completions/min_length": 2.0,
         "completions/max_length": 5.0, "completions/clipped_ratio": pytest.approx(1 / 3),
         "completions/mean_terminated_length": 2.5, "completions/min_terminated_length": 2.0,
         "completions/max_terminated_length": 3.0,
     }
-    assert tokens == 10 + 3 * 2  # completions and prompts
-    none_ended, _ = completion_metrics(ONE_PROCESS, "cpu", batch([4, 4], [False, False]))
+    assert tokens_read(ONE_PROCESS, "cpu", rows) == 10 + 3 * 2  # sampled tokens and prompts
+    none_ended = completion_metrics(ONE_PROCESS, "cpu", batch([4, 4], [False, False]))
     assert none_ended["completions/mean_terminated_length"] == none_ended["completions/max_terminated_length"] == 0.0
 
 

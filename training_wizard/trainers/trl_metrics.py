@@ -23,24 +23,22 @@ from training_wizard.trainers.rollout_metrics import component_std
 SAME_VALUES = {"loss": "loss/policy_avg", "learning_rate": "lr", "entropy": "policy/entropy_avg"}
 
 
-def completion_metrics(collectives, device, rollout: TrajectoryBatch) -> tuple[dict[str, float], int]:
-    """TRL's `completions/*` over every process's completions (lengths in loss tokens; a completion is clipped when
-    the length budget cut it; terminated ones all 0 when none ended), and the prompt and completion tokens read
-    this iteration over every process (what `num_tokens` adds up)."""
+def completion_metrics(collectives, device, rollout: TrajectoryBatch) -> dict[str, float]:
+    """TRL's `completions/*` over every process's completions: lengths in loss tokens; a completion is clipped when
+    the length budget cut it; the terminated ones' figures are 0 when none ended."""
     lengths = rollout.loss_mask.sum(-1).float()
     done = rollout.has_stop.to(lengths.device)
     ended = lengths[done]
-    tokens = rollout.prompt_mask.sum() + rollout.completion_mask.sum()
     sums = collectives.sum(torch.stack([
         lengths.new_tensor(lengths.numel()), lengths.sum(), (~done).sum().float(), ended.sum(),
-        ended.new_tensor(ended.numel()), tokens.float().to(lengths.device)]).double().to(device))
-    rows, length_sum, clipped, ended_sum, ended_rows, tokens_read = sums.tolist()
+        ended.new_tensor(ended.numel())]).double().to(device))
+    rows, length_sum, clipped, ended_sum, ended_rows = sums.tolist()
     lowest = -math.inf
     extremes = collectives.max(torch.stack([
         lengths.max(), -lengths.min(), ended.max() if ended.numel() else lengths.new_tensor(lowest),
         -ended.min() if ended.numel() else lengths.new_tensor(lowest)]).to(device))
     longest, shortest, longest_ended, shortest_ended = extremes.tolist()
-    metrics = {
+    return {
         "completions/mean_length": length_sum / max(rows, 1.0),
         "completions/min_length": -shortest,
         "completions/max_length": longest,
@@ -49,7 +47,12 @@ def completion_metrics(collectives, device, rollout: TrajectoryBatch) -> tuple[d
         "completions/min_terminated_length": -shortest_ended if ended_rows else 0.0,
         "completions/max_terminated_length": longest_ended if ended_rows else 0.0,
     }
-    return metrics, int(tokens_read)
+
+
+def tokens_read(collectives, device, rollout: TrajectoryBatch) -> int:
+    """The prompt and sampled tokens of a batch over every process (what TRL's `num_tokens` adds up). An episode's
+    environment tokens are not counted, so the count is the same whatever an environment inserts."""
+    return int(collectives.sum((rollout.prompt_mask.sum() + rollout.loss_mask.sum()).to(device)))
 
 
 def reward_metrics(collectives, device, rollout: TrajectoryBatch, std_is_zero: torch.Tensor,
@@ -91,8 +94,7 @@ class TRLMetrics:
     def _iteration_metrics(self, rollout: TrajectoryBatch, shaped, update_stats, eps, lr, update_seconds) -> dict:
         metrics = super()._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
         collectives, device = self.collectives, self.accelerator.device
-        lengths, tokens = completion_metrics(collectives, device, rollout)
-        self.state.num_input_tokens_seen += tokens
+        lengths = completion_metrics(collectives, device, rollout)
         steps = self.config.num_ppo_epochs * self.config.num_mini_batches
         trl = {**lengths, **reward_metrics(collectives, device, rollout, self.reward_std_is_zero(rollout, shaped),
                                            self.trl_kl_sum(shaped))}
@@ -100,7 +102,8 @@ class TRLMetrics:
         # a value the trainer already logs under TRL's name (GRPO's update: entropy, kl) is the one kept
         metrics.update({name: value for name, value in trl.items() if name not in metrics})
         metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
-        self.trl_step_time = (time.perf_counter() - self._iteration_started) / steps  # per optimizer step
+        started = getattr(self, "_iteration_started", None)  # set by _iteration (unset: metrics outside the loop)
+        self.trl_step_time = (time.perf_counter() - started) / steps if started is not None else 0.0
         if "loss" in metrics:  # train()'s training_loss: the mean over the optimizer steps it ran
             self.trl_loss_sum += metrics["loss"] * steps
             self.trl_loss_steps += steps
@@ -108,6 +111,11 @@ class TRLMetrics:
             component = metrics[f"rewards/{name}/mean"] = metrics[f"rewards/{name}"]
             metrics[f"rewards/{name}/std"] = component_std(collectives, device, values, component)
         return metrics
+
+    def _record_iteration(self, rollout: TrajectoryBatch, *args, **kwargs) -> None:
+        """The iteration's tokens are counted before its metrics and checkpoint read the total."""
+        self.state.num_input_tokens_seen += tokens_read(self.collectives, self.accelerator.device, rollout)
+        super()._record_iteration(rollout, *args, **kwargs)
 
     def wall_clock_logs(self, metrics: dict[str, float]) -> dict[str, float]:
         """TRL's `step_time` for `state.log_history` beside a training record: a wall-clock figure kept out of
