@@ -135,3 +135,11 @@ def test_the_summary_shows_each_reward_component_once_beside_trls_mean_and_std()
 
     present = {"objective/scores", "rewards/a", "rewards/a/mean", "rewards/a/std", "reward", "reward_std"}
     assert main_metric_names(present) == ["objective/scores", "rewards/a"]
+
+
+def test_a_trl_script_reads_push_to_hub_off_the_config():
+    from training_wizard import GRPOConfig, RLOOConfig
+
+    for config_class in (GRPOConfig, RLOOConfig):  # trl/scripts/grpo.py: `if training_args.push_to_hub: ...`
+        args = config_class(output_dir="unused", push_to_hub=False)
+        assert args.push_to_hub is False and args.hub_model_id is None

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import (
-    Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator,
-)
+from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
 
 from training_wizard.trainers.async_config import AsyncRolloutOptions
 from training_wizard.trainers.environment_config import EnvironmentFailureOptions
 from training_wizard.trainers.trl_keys import TRLKeys
+from training_wizard.trainers.trl_results import HubArguments
 from training_wizard.trainers.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -31,7 +31,7 @@ __all__ = [
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
     "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
-class OnPolicyConfig(AsyncRolloutOptions, EnvironmentFailureOptions, TRLKeys):
+class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, TRLKeys):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trainers/trl_keys.py."""
 
     # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------

@@ -46,6 +46,20 @@ def hub_unavailable(token: str | None) -> str | None:
     return None
 
 
+class HubArguments:
+    """Mixed into the on-policy configs: TRL's scripts read `args.push_to_hub` before calling `push_to_hub()`.
+    A config never asks for an upload during training (trl_keys.py refuses push_to_hub = true), so it is False;
+    `trainer.push_to_hub()` uploads when a script calls it."""
+
+    @property
+    def push_to_hub(self) -> bool:
+        return False
+
+    @property
+    def hub_model_id(self) -> None:
+        return None
+
+
 class TRLResults:
     """Mixed into a trainer: transformers Trainer's attributes and methods for results after training."""
 
