@@ -17,3 +17,19 @@ def test_no_other_engine_or_full_fine_tuning_warns():
     assert zero3_lora_warning(fake_accelerator("DEEPSPEED", 2), uses_lora=True) is None
     for kind in ("FSDP", "MULTI_GPU", "NO"):
         assert zero3_lora_warning(fake_accelerator(kind), uses_lora=True) is None
+
+
+def test_a_lora_recipe_under_zero3_prints_the_warning_at_dry_run(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The recipe's start checks (check_can_start, so --dry-run too) print it; the same recipe under another
+    engine does not."""
+    from tests.helpers import run_recipe
+    from training_wizard import sharding
+
+    lora = 'lora = { r = 4, alpha = 8 }'
+    for name in ("plain", "zero3"):
+        (tmp_path / name).mkdir()
+    assert run_recipe(tmp_path / "plain", tiny_model_dir, lora, ["--dry-run"]) == 0
+    assert "ZeRO-3" not in capsys.readouterr().out
+    monkeypatch.setattr(sharding, "zero_stage", lambda accelerator: 3)
+    assert run_recipe(tmp_path / "zero3", tiny_model_dir, lora, ["--dry-run"]) == 0
+    assert "warning: DeepSpeed ZeRO-3 with LoRA: two-process runs have been seen to differ" in capsys.readouterr().out

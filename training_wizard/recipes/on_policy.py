@@ -149,7 +149,10 @@ class OnPolicyRecipe(Recipe):
 
             check_episodes_can_start(self.environment.load(), self.environment.settings(), self.reward is not None,
                                      train_rows)
-        for warning in config.start_warnings():
+        from training_wizard.sharding import zero3_lora_warning
+
+        warnings = [*config.start_warnings(), zero3_lora_warning(accelerator, self.model.lora is not None)]
+        for warning in filter(None, warnings):
             console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
     def finish_outputs(self, wall_seconds: float, console: Console) -> None:
