@@ -48,6 +48,14 @@ class Spec(BaseModel):
     # this runs only for Python keywords, and a recipe's tables validate exactly as before
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal specs, however each was built (keywords or a recipe's table)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment] - mutable, as pydantic's models
+
     def __setattr__(self, name: str, value: Any) -> None:
         try:
             super().__setattr__(name, value)

@@ -138,3 +138,9 @@ def test_an_environment_supplying_the_prompt_needs_max_steps(tiny_model_dir, tmp
                                         r"and max_steps sets the run's length \(as in TRL\); set args.max_steps$"):
         GRPOTrainer(model=str(tiny_model_dir), args=GRPOConfig(output_dir=str(tmp_path)),
                     environment_factory=PromptingGame)
+
+
+def test_a_config_from_keywords_equals_one_from_a_table():
+    """Where a config came from changes how its errors name keys, not what it is."""
+    assert GRPOConfig(learning_rate=1e-5) == GRPOConfig.model_validate({"learning_rate": 1e-5})
+    assert GRPOConfig(learning_rate=1e-5) != GRPOConfig.model_validate({"learning_rate": 2e-5})
