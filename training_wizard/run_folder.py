@@ -32,11 +32,16 @@ from training_wizard.errors import UserError
 
 # Every file or folder a training run writes into its output_dir (tracking/, checkpoint.py, recipes/).
 RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl", "checkpoints",
-             "model", "report.html", "metrics.png", "tensorboard")
+             "model", "report.html", "metrics.png", "tensorboard",
+             # what TRL's post-train calls write (trainers/trl_results.py: save_state, save_metrics for its splits)
+             "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json", "test_results.json")
 # What a run that never finished may leave: `latest` with no checkpoint yet restarts it from the beginning.
 UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl",
                         "checkpoints", "tensorboard")
 RUN_IDENTITY_FILE = "run.json"
+# The run files of the versions whose run.json had no `files` list: such a run.json vouches for these names only.
+_KNOWN_BEFORE_THE_LIST = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "checkpoints", "model",
+                          "report.html", "metrics.png", "tensorboard")
 # The config keys of a model's architecture: a checkpoint whose weights have other shapes cannot be loaded.
 _ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "intermediate_size", "num_labels")
@@ -59,7 +64,7 @@ def written_by_a_run(folder: str | Path) -> list[str]:
     listed = record.get("files")
     if isinstance(listed, list):
         return [name for name in present if name == RUN_IDENTITY_FILE or name in listed]
-    return [name for name in present if name != "prompts.jsonl" or _content_shows_a_run(folder / name)]
+    return [name for name in present if name in _KNOWN_BEFORE_THE_LIST or _content_shows_a_run(folder / name)]
 
 
 def user_files(folder: str | Path) -> list[str]:

@@ -76,9 +76,12 @@ def test_which_files_a_run_wrote(tmp_path):
     assert user_files(tmp_path) == ["prompts.jsonl"]
     (tmp_path / "prompts.jsonl").write_text(records)
     assert user_files(tmp_path) == [] and "prompts.jsonl" in written_by_a_run(tmp_path)
+    (tmp_path / "trainer_state.json").write_text("{}")  # a name older runs never wrote: the user's
+    assert user_files(tmp_path) == ["trainer_state.json"]
     # a run.json with its list: only what it lists
     write_run_identity(tmp_path, {"trainer": "x", "models": {}})
-    assert written_by_a_run(tmp_path) == ["run.json", "metrics.jsonl", "samples.jsonl", "prompts.jsonl", "model"]
+    assert written_by_a_run(tmp_path) == ["run.json", "metrics.jsonl", "samples.jsonl", "prompts.jsonl", "model",
+                                          "trainer_state.json"]
 
 
 def test_overwrite_deletes_only_what_a_run_wrote(tmp_path):
