@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import datasets
@@ -193,10 +192,8 @@ def test_hub_name_offline_env_gives_one_line_error(monkeypatch):
     before = datasets.config.HF_HUB_OFFLINE
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(files_mod, "hub_reachable", lambda timeout=3.0: pytest.fail("no probe when offline is set"))
-    start = time.monotonic()
     with pytest.raises(UserError) as err:
         source(name="someone/not-cached-dataset", split="train").load()
-    assert time.monotonic() - start < 20
     assert str(err.value).startswith(
         "dataset.name: could not load hub dataset 'someone/not-cached-dataset' (split 'train'): offline and not in "
         "the local datasets cache"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-import time
 
 import pytest
 import torch
@@ -65,8 +64,26 @@ async def slow_one(prompts, completions, **kwargs):
     return [1.0] * len(completions)
 
 
-async def slow_two(prompts, completions, **kwargs):
-    await asyncio.sleep(0.3)
+MEETING: dict[str, asyncio.Event] = {}  # each rendezvous function's "I am running" event, made on the reward loop
+
+
+async def meet(me: str, other: str) -> None:
+    """Say this function runs, then wait for the other one to say so: awaited one after the other, the first
+    would wait out its 60 s and raise, so returning proves both ran at the same time."""
+    MEETING.setdefault(me, asyncio.Event()).set()
+    try:
+        await asyncio.wait_for(MEETING.setdefault(other, asyncio.Event()).wait(), 60)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"{me} ran alone: {other} never ran while it waited") from None
+
+
+async def meets_two(prompts, completions, **kwargs):
+    await meet("meets_two", "meets_one")
+    return [1.0] * len(completions)
+
+
+async def meets_one(prompts, completions, **kwargs):
+    await meet("meets_one", "meets_two")
     return [2.0] * len(completions)
 
 
@@ -196,12 +213,11 @@ def test_repeated_function_names_get_suffixes():
 
 
 def test_async_functions_run_concurrently():
-    spec = funcs("slow_one", "slow_two", "recorder")
-    started = time.perf_counter()
-    total, _ = spec.score(["p"] * 2, ["ab", "c"], {})
-    elapsed = time.perf_counter() - started
+    MEETING.clear()
+    spec = funcs("meets_two", "meets_one", "recorder")
+    total, components = spec.score(["p"] * 2, ["ab", "c"], {})  # one after the other: the first raises
     assert total == [1 + 2 + 2.0, 1 + 2 + 1.0]
-    assert elapsed < 0.5, elapsed  # one after the other would take 0.6 s
+    assert components["meets_two"] == [1.0, 1.0] and components["meets_one"] == [2.0, 2.0]
 
 
 def test_async_functions_keep_one_event_loop_across_steps():

@@ -25,10 +25,8 @@ def test_a_call_past_its_timeout_is_one_line_naming_what_ran():
         note_doing("reward function 'slow'")
         time.sleep(10**6)
 
-    started = time.monotonic()
-    with pytest.raises(UserError) as failure:
+    with pytest.raises(UserError) as failure:  # the function sleeps for days: only the timeout ends the call
         call_with_timeout(hangs, 0.3, "reward R", 4, "training.reward_timeout")
-    assert time.monotonic() - started < 5
     assert str(failure.value).startswith(
         "reward function 'slow' did not return within training.reward_timeout = 0.3 s at step 4;")
 

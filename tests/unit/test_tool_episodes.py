@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
-import time
+import os
+import signal
+import threading
 
 import pytest
 import torch
@@ -42,6 +44,9 @@ SCRIPTS = {
 }
 
 
+HANG_RELEASE = threading.Event()  # set when the test that calls `hang` ends
+
+
 class Calculator:
     """Tools for the scripts; the reward is the number of multiplications done."""
 
@@ -67,12 +72,12 @@ class Calculator:
         raise RuntimeError("boom")
 
     def hang(self, x: int) -> int:
-        """Take too long.
+        """Take too long: answer only once the test has ended, so the call is late however slow the machine.
 
         Args:
             x: Anything.
         """
-        time.sleep(3)
+        HANG_RELEASE.wait(600)
         return x
 
     def get_reward(self) -> float:
@@ -163,10 +168,12 @@ def test_a_call_is_run_and_its_result_spliced_in_as_the_templates_ids(tokenizer,
     ("unknown", "unknown tool 'divide'"), ("bad_arguments", "bad arguments for multiply"),
     ("raises", "RuntimeError: boom"), ("hangs", "no answer within environment_timeout (0.5 s)")])
 def test_a_failing_call_is_an_error_message_and_the_episode_goes_on(case, error, tokenizer, tmp_path):
-    started = time.perf_counter()
     trainer = make(tokenizer, tmp_path, [case, "good"], environment_timeout=0.5)
-    batch = trainer.collect_rollout()
-    assert time.perf_counter() - started < 30
+    HANG_RELEASE.clear()
+    try:
+        batch = trainer.collect_rollout()
+    finally:
+        HANG_RELEASE.set()  # the calls left behind return, so their threads end
     for row in rows_of(batch, case):
         assert error in tool_part(trainer.tokenizer, batch, row)
         assert batch.completions[row] == "I could not." and batch.stop_reason[row] == StopReason.STOP_TOKEN
@@ -313,39 +320,38 @@ def test_a_recipe_with_tools_and_no_reward_table_trains_on_the_environments_rewa
 
 
 def test_sigterm_while_a_tool_hangs_stops_the_run_at_once_and_keeps_the_iterations_start(tokenizer, tmp_path):
-    # Before, the run waited out environment_timeout for the tool (here 120 s), then played the episode on.
-    import os
-    import signal
-    import threading
-
+    # Before, the run waited out environment_timeout for the tool (here 300 s), then played the episode on.
     from training_wizard.checkpoint import find_checkpoint, read_manifest
     from training_wizard.signals import TrainingInterrupted
 
-    release = threading.Event()
+    stalling, release, returned = threading.Event(), threading.Event(), []
 
     class Stalls(Calculator):
         def stall(self, x: int) -> int:
-            """Wait until the test ends.
+            """Wait until the test ends, or 120 s.
 
             Args:
                 x: Anything.
             """
-            release.wait(300)
+            stalling.set()
+            returned.append(release.wait(120))
             return x
 
+    def stop_once_a_call_stalls():  # one signal only: a second SIGTERM would act as before (kill the process)
+        if stalling.wait(120):
+            os.kill(os.getpid(), signal.SIGTERM)
+
     SCRIPTS["stalls"] = [call("stall", x=1), "I could not."]
-    trainer = make(tokenizer, tmp_path, ["stalls"], factory=Stalls, environment_timeout=120)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-    started = time.perf_counter()
-    timer.start()
+    trainer = make(tokenizer, tmp_path, ["stalls"], factory=Stalls, environment_timeout=300)
+    threading.Thread(target=stop_once_a_call_stalls, daemon=True).start()
     try:
         with pytest.raises(TrainingInterrupted) as stopped:
             trainer.train()
+        still_stalling = not returned  # a run that waited for the calls would see them give up first (120 s)
     finally:
         release.set()
-        timer.cancel()
         del SCRIPTS["stalls"]
-    assert time.perf_counter() - started < 60 and stopped.value.exit_code == 143
+    assert still_stalling and stopped.value.exit_code == 143
     assert read_manifest(find_checkpoint(tmp_path, "latest"))["step"] == 0  # the iteration's start, nothing trained
     assert not (tmp_path / "metrics.jsonl").exists() or (tmp_path / "metrics.jsonl").read_text() == ""
 
