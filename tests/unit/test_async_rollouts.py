@@ -1,6 +1,6 @@
 """The one-step-off-policy schedule (async_rollouts, trainers/async_rollouts.py): a bound of 0 is the synchronous
 run exactly, the schedule is deterministic for a seed, each batch after the first was sampled by the weights one
-update older, and the update corrects it with exp(current - behaviour) logprobs, truncated."""
+update older, and the update corrects it with exp(current - behaviour) logprobs, truncated per token."""
 
 from __future__ import annotations
 
@@ -84,13 +84,13 @@ def test_a_stale_batch_holds_the_behaviour_and_current_logprobs_and_is_weighted_
     torch.testing.assert_close(stale.logprobs[mask], logprobs(current)[mask], rtol=0, atol=1e-6)
     assert (stale.sampling_logprobs[~mask] == 0).all()
     weights = trainer._correction_weights(stale.logprobs, stale.sampling_logprobs, mask)
-    # the default mode, sequence_mask with an upper bound of 3 (TRL's): one weight per completion, exp of the summed
-    # log-ratio over its sampled tokens, 0 where it is above the bound
-    ratio = torch.exp(((stale.logprobs - stale.sampling_logprobs) * mask).sum(-1))
-    by_hand = torch.where(ratio <= 3.0, ratio, torch.zeros_like(ratio))
-    torch.testing.assert_close(weights.sequence, by_hand, rtol=1e-5, atol=0)
-    torch.testing.assert_close(weights.token, by_hand.unsqueeze(-1) * mask, rtol=1e-5, atol=0)
-    assert not torch.allclose(by_hand, torch.ones_like(by_hand))
+    # the default rule, token_truncate at TRL's cap of 3: each token's ratio, lowered to 3 where above; a completion
+    # (RLOO's sequence loss) weighs the product of its tokens' weights, lowered to 3 where above
+    ratio = torch.exp((stale.logprobs - stale.sampling_logprobs) * mask).clamp(max=3.0) * mask
+    torch.testing.assert_close(weights.token, ratio, rtol=1e-5, atol=0)
+    product = torch.where(mask, ratio, torch.ones_like(ratio)).prod(-1).clamp(max=3.0)
+    torch.testing.assert_close(weights.sequence, product, rtol=1e-5, atol=0)
+    assert not torch.allclose(product, torch.ones_like(product))
 
 
 def test_async_options_that_contradict_each_other_are_refused_with_one_line(tokenizer, tmp_path):

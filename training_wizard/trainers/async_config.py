@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from training_wizard.core.importance_sampling import ImportanceSamplingMode
 from training_wizard.spec import KeyValueError
 from training_wizard.trainers.run_config import RunConfig
 from training_wizard.trainers.trl_keys import shown
@@ -15,7 +16,7 @@ from training_wizard.trainers.trl_keys import shown
 # would change nothing, which is refused rather than ignored. TRL 1.16's GRPOConfig and RLOOConfig have none of them
 # (tests/fixtures/trl_1_16_config_fields.json), so a ported TRL config never sets them.
 ASYNC_ONLY_KEYS = ("max_staleness", "max_inflight_tasks", "weight_sync_steps", "async_producer",
-                   "async_producer_timeout")
+                   "async_producer_timeout", "async_correction")
 
 
 class AsyncRolloutOptions(RunConfig):
@@ -43,6 +44,14 @@ class AsyncRolloutOptions(RunConfig):
         "'inline', in the training thread before the update. Both give the same numbers.")
     async_producer_timeout: PositiveFloat = Field(
         3600.0, description="Seconds the update waits for the producer's batch before the run stops with one line.")
+    async_correction: ImportanceSamplingMode = Field(
+        "token_truncate", description="How the importance weight exp(proximal - behaviour logprob) of a batch "
+        "sampled ahead is bounded, in TRL's vllm_importance_sampling_mode names, within "
+        "vllm_importance_sampling_clip_min and vllm_importance_sampling_clip_max: 'token_truncate' clamps each "
+        "token's weight (TRL's cap); 'token_mask' zeroes the tokens outside the bounds (AReaL's rule, with "
+        "clip_max = 5); 'sequence_mask' (the earlier default) and 'sequence_truncate' bound one weight per "
+        "completion, the product over its tokens, which grows with the length (docs/async.md measures both). It "
+        "replaces vllm_importance_sampling_mode wherever batches are sampled ahead (max_staleness of 1 or more).")
 
     @model_validator(mode="after")
     def _async_options_agree(self) -> AsyncRolloutOptions:

@@ -5,8 +5,9 @@ Order within iteration i: take the batch sampled ahead (`next_rollout`), or drop
 with the current weights if it is staler than max_staleness; recompute its policy logprobs (and PPO's values) with
 the current weights (the proximal policy of decoupled PPO: the ratio and its clip are taken against it), keeping
 the sampler's as the behaviour policy's; queue the batches of the next iterations up to i + k (`sample_ahead`);
-then update. The update weighs each token by the truncated importance weight exp(proximal - behaviour), with the
-vllm_importance_sampling_* mode and bounds (core/importance_sampling.py), always on for a stale batch.
+then update. The update weighs each token by the importance weight exp(proximal - behaviour), bounded by the
+async_correction rule within the vllm_importance_sampling_clip_* bounds (core/importance_sampling.py), always on
+for a stale batch.
 
 Where batches ahead are sampled (`async_producer`): "thread", by a `RolloutProducer` in a thread of its own with a
 copy of the policy, given the trained weights every weight_sync_steps updates, while the update runs; or
@@ -267,7 +268,7 @@ def update_correction_metrics(trainer: Any) -> dict[str, float]:
     parts, trainer.update_corrections = getattr(trainer, "update_corrections", []), []
     if not parts:
         return {}
-    per_sequence = trainer.config.vllm_importance_sampling_mode.startswith("sequence")
+    per_sequence = trainer.correction_mode.startswith("sequence")
     flat = types.SimpleNamespace(
         logprobs=torch.cat([proximal[mask] for proximal, _, mask, _ in parts]),
         sampling_logprobs=torch.cat([behaviour[mask] for _, behaviour, mask, _ in parts]))

@@ -127,11 +127,18 @@ class UpdateLoop:
                 correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
         return PolicyForward(token, old, correction)
 
+    @property
+    def correction_mode(self) -> str:
+        """The rule bounding the correction weights: async_correction where batches are sampled ahead (their gap
+        is mostly staleness), else vllm_importance_sampling_mode (the sampler's gap alone)."""
+        config = self.config
+        return config.async_correction if config.samples_ahead else config.vllm_importance_sampling_mode
+
     def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
         """The bounded correction weights under the config's mode and bounds."""
         config = self.config
         return sampling_correction_weights(
-            logprobs, sampling_logprobs, mask, config.vllm_importance_sampling_mode,
+            logprobs, sampling_logprobs, mask, self.correction_mode,
             config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
         )
 
