@@ -6,7 +6,8 @@ it and says what to use instead. None is silently dropped.
 it must cover). A key the config has as a field or alias passes to it, after `Rule.translate` where TRL's values
 differ in form (report_to = "none", max_steps = -1, ...). A key the config does not have is translated into ours
 (save_strategy = "no" -> save_steps = None), accepted when its value is what we always do (disable_dropout = true,
-push_to_hub = false), or refused.
+hub_strategy = "end"), or refused. What TRL's scripts read off the config after building it (trust_remote_code,
+eval_strategy, resume_from_checkpoint) are read-only properties of `TRLKeys` giving TRL's value for what a run does.
 """
 
 from __future__ import annotations
@@ -190,13 +191,14 @@ TRAINING_ARGUMENTS: dict[str, Rule] = {
     "log_level": unsupported("training-wizard prints its own lines; library logging is kept quiet"),
     "log_level_replica": unsupported("only the main process prints"),
     "length_column_name": only(("length",), "no length-grouped sampling (train_sampling_strategy)"),
-    "hub_strategy": only(("every_save",), "nothing is pushed to the Hub (push_to_hub)"),
+    "hub_strategy": only(("every_save", "end"), "push_to_hub uploads the final model once, at the end of the run"),
     "save_only_model": unsupported("checkpoints keep the optimizer and random state so a run resumes exactly"),
-    "push_to_hub": unsupported("nothing is pushed to the Hub: upload output_dir/model yourself (hf upload)"),
-    "hub_token": unsupported("nothing is pushed to the Hub"), "hub_model_id": unsupported("nothing is pushed to the Hub"),
-    "hub_private_repo": unsupported("nothing is pushed to the Hub"),
-    "hub_always_push": unsupported("nothing is pushed to the Hub"),
-    "hub_revision": unsupported("nothing is pushed to the Hub"),
+    "push_to_hub": ours(), "hub_model_id": ours(),
+    "hub_token": unsupported("push_to_hub reads the token of HF_TOKEN or `hf auth login`"),
+    "hub_private_repo": unsupported("push_to_hub creates a missing repository with the Hub's default visibility; "
+                                    "create a private one first (hf repo create --private)"),
+    "hub_always_push": unsupported("push_to_hub uploads once, at the end of the run"),
+    "hub_revision": unsupported("push_to_hub uploads to the repository's main branch"),
     "lr_scheduler_kwargs": unsupported("linear, cosine, constant and constant_with_warmup take no extra arguments here"),
     "optim_args": unsupported("the optimizer is torch's AdamW with adam_beta1, adam_beta2, adam_epsilon"),
     "optim_target_modules": unsupported("the optimizer is AdamW on every trainable parameter"),
@@ -371,6 +373,24 @@ class TRLKeys(RunConfig):
     trackio_space_id: str | None = Field(
         None, description="The Hugging Face Space trackio sends the run to (report_to = [\"trackio\"]); unset: "
         "trackio logs locally. Without trackio installed it is only recorded in the run's config.")
+
+    # Read-only: what TRL's scripts (trl/scripts/grpo.py, rloo.py) read off the config after building it, with
+    # TRL's value for what a run here does.
+    @property
+    def trust_remote_code(self) -> bool:
+        """TRL's trust_remote_code: what model_init_kwargs says, else False (a recipe sets it in [model])."""
+        return bool((self.model_init_kwargs or {}).get("trust_remote_code", False))
+
+    @property
+    def eval_strategy(self) -> str:
+        """TRL's eval_strategy: "steps" when eval_steps is set (evaluation every eval_steps iterations), else "no"."""
+        return "steps" if self.eval_steps is not None else "no"
+
+    @property
+    def resume_from_checkpoint(self) -> None:
+        """TRL's resume_from_checkpoint, None: a run resumes through trainer.train(resume_from_checkpoint=...), or
+        a recipe's top-level key."""
+        return None
 
     @field_serializer("model_init_kwargs")
     def _dtype_names(self, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:

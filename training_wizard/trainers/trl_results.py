@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from training_wizard.errors import UserError
+from training_wizard.trainers.run_config import RunConfig
 
 UPLOAD_SKIPPED = ("checkpoints/*", "_*", ".*")  # resumable state stays local, as transformers leaves checkpoint-*
 
@@ -46,18 +49,43 @@ def hub_unavailable(token: str | None) -> str | None:
     return None
 
 
-class HubArguments:
-    """Mixed into the on-policy configs: TRL's scripts read `args.push_to_hub` before calling `push_to_hub()`.
-    A config never asks for an upload during training (trl_keys.py refuses push_to_hub = true), so it is False;
-    `trainer.push_to_hub()` uploads when a script calls it."""
+class HubArguments(RunConfig):
+    """TRL's Hub keys on the on-policy configs. A recipe with push_to_hub uploads its final model at the end
+    (recipes/base.py); a TRL script reads `args.push_to_hub` and calls `trainer.push_to_hub()` itself."""
 
-    @property
-    def push_to_hub(self) -> bool:
-        return False
+    push_to_hub: bool = Field(
+        False, description="Upload the final model (output_dir/model: weights, tokenizer, model card) to the Hugging "
+        "Face Hub once, at the end of the run (TRL's push_to_hub; checkpoints stay local). A recipe checks at start, "
+        "--dry-run included, that the Hub is online and a token is set (HF_TOKEN or `hf auth login`).")
+    hub_model_id: str | None = Field(
+        None, description="The Hub repository push_to_hub uploads to, 'user/name' or 'name' (TRL's hub_model_id); "
+        "unset: the name of output_dir's folder. Created when missing.")
 
-    @property
-    def hub_model_id(self) -> None:
-        return None
+
+def hub_repository(config) -> str:
+    """The repository a run of `config` pushes to: hub_model_id, else output_dir's folder name (transformers')."""
+    return getattr(config, "hub_model_id", None) or Path(config.output_dir).absolute().name
+
+
+def upload_to_hub(folder: Path, repo_id: str, label: str, token: str | None = None, private: bool | None = None,
+                  **upload_options: Any):
+    """Create `repo_id` when missing and upload `folder` (checkpoints and hidden files left out): (the repository's
+    id, upload_folder's result). Offline, without a token or when the Hub refuses: one line (UserError) starting
+    with `label`, saying the model stays in `folder`."""
+    reason = hub_unavailable(token)
+    if reason is not None:
+        raise UserError(f"{label}: {reason}; nothing was uploaded; the model is saved in {folder}")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=token)
+    try:
+        repo = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        return repo, api.upload_folder(repo_id=repo, folder_path=folder, ignore_patterns=list(UPLOAD_SKIPPED),
+                                       **upload_options)
+    except (HfHubHTTPError, OSError) as exc:
+        raise UserError(f"{label}: the upload to {repo_id} failed ({str(exc).splitlines()[0]}); the model is "
+                        f"saved in {folder}") from None
 
 
 class TRLResults:
@@ -139,25 +167,13 @@ class TRLResults:
                     token: str | None = None, revision: str | None = None, private: bool | None = None,
                     **kwargs: Any):
         """Save the model into output_dir (save_model) and upload output_dir, checkpoints left out, to the Hub
-        repository named after output_dir's folder, as transformers' Trainer does. Offline or without a token:
+        repository args.hub_model_id names (unset: output_dir's folder name), as transformers' Trainer does. Offline or without a token:
         one line (UserError) after the save, so the model is on disk either way."""
         self.save_model()
         if not self.is_world_process_zero():
             return None
         folder = Path(self.config.output_dir)
-        reason = hub_unavailable(token)
-        if reason is not None:
-            raise UserError(f"push_to_hub: {reason}; nothing was uploaded; the model is saved in {folder}")
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError
-
-        api = HfApi(token=token)
-        name = kwargs.get("model_name") or folder.absolute().name
-        try:
-            self.hub_model_id = api.create_repo(name, private=private, exist_ok=True).repo_id
-            return api.upload_folder(repo_id=self.hub_model_id, folder_path=folder, commit_message=commit_message,
-                                     revision=revision, ignore_patterns=list(UPLOAD_SKIPPED),
-                                     run_as_future=not blocking)
-        except (HfHubHTTPError, OSError) as exc:
-            raise UserError(f"push_to_hub: the upload to {name} failed ({str(exc).splitlines()[0]}); the model is "
-                            f"saved in {folder}") from None
+        self.hub_model_id, result = upload_to_hub(folder, hub_repository(self.config), "push_to_hub", token=token, private=private,
+                                                  commit_message=commit_message, revision=revision,
+                                                  run_as_future=not blocking)
+        return result
