@@ -33,6 +33,7 @@ from training_wizard.rollout.trajectory import TrajectoryBatch, has_stop, stop_r
 from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
+from training_wizard.specs.reward import FunctionLogs
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
 ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -244,8 +245,8 @@ class RolloutCollector:
             )
         queries = [request.prompts.queries[i] for i in request.rows]
         scored = time.perf_counter()
-        scores, components = self._score(request.prompts, request.rows, queries, texts, sampled, request.step,
-                                         episode)
+        scores, components, logs = self._score(request.prompts, request.rows, queries, texts, sampled,
+                                               request.step, episode)
         timings["scoring"] = time.perf_counter() - scored
         rows = len(request.rows)
         return TrajectoryBatch(
@@ -259,6 +260,7 @@ class RolloutCollector:
             sampling_logprobs=None if self.backend.samples_with_training_forward else sampled.sampling_logprobs,
             episode_stats={name: torch.tensor(values, dtype=torch.float32, device=responses.device)
                            for name, values in (episode.stats if episode is not None else {}).items()},
+            logged_columns=logs.columns, logged_metrics=logs.metrics,
         )
 
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:
@@ -285,44 +287,22 @@ class RolloutCollector:
             return self._logprobs(model, prompt_ids, prompt_mask, responses, mask)
 
     def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int,
-               episode: EpisodeScoring | None = None):
-        """(scores (B,) float32 after missing_eos_penalty, reward components). A reward error on any process
-        stops every process with its message. An episode's environment rewards are added to the reward (weight
-        1), each logged as its own component."""
-        prompt_ids, prompt_mask, responses, mask, has_stop = (
-            sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids, sampled.completion_mask, sampled.has_stop
-        )
+               episode: EpisodeScoring | None = None) -> tuple[torch.Tensor, dict[str, list[float]], FunctionLogs]:
+        """(scores (B,) float32 after missing_eos_penalty, reward components, what the reward's functions logged).
+        An episode's environment rewards are added to the reward (weight 1), each logged as its own component."""
+        has_stop = sampled.has_stop
         components: dict[str, list[float]] = {}
+        logs = FunctionLogs()
         if isinstance(self.reward, torch.nn.Module):
             with self.accelerator.autocast():
                 scores = classifier_scores(
-                    self.reward, prompt_ids, prompt_mask, responses, mask, self.settings.pad_token_id,
-                    self.settings.forward_batch_size,
+                    self.reward, sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids,
+                    sampled.completion_mask, self.settings.pad_token_id, self.settings.forward_batch_size,
                 )
         else:
-            columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
-            columns["completion_has_eos"] = has_stop.tolist()
-            if episode is not None:
-                columns.update(episode.columns)
-            if self.reward.uses_raw_text():
-                columns.update(self._raw_text(prompt_ids, prompt_mask, responses, mask))
-            if self.reward.uses_trl_inputs():
-                columns["completion_ids"] = [ids[keep].tolist() for ids, keep in zip(responses, mask)]
-                columns["dataset_prompts"] = [prompts.prompts[i] if prompts.prompts else None for i in rows]
-            error, stopped, totals = None, False, []
-            try:
-                totals, components = call_with_timeout(
-                    lambda: self.reward.score(queries, completions, columns, step=step),
-                    self.settings.reward_timeout, f"reward {type(self.reward).__name__}", step,
-                    "training.reward_timeout")
-            except UserError as exc:
-                error = str(exc)
-            except StoppedWhileWaiting:
-                stopped = True
-            if self.collectives.any_process(stopped):  # every process stops together, none left in a collective
-                raise StoppedWhileWaiting()
-            self.collectives.raise_if_any_failed(error)
-            scores = torch.tensor(totals, dtype=torch.float32, device=responses.device)
+            columns = self._reward_columns(prompts, rows, sampled, episode)
+            totals, components, logs = self._score_with_spec(queries, completions, columns, step)
+            scores = torch.tensor(totals, dtype=torch.float32, device=sampled.completion_ids.device)
         if episode is not None:
             for name, values in episode.rewards.items():
                 scores = scores + torch.tensor(values, dtype=scores.dtype, device=scores.device)
@@ -331,7 +311,43 @@ class RolloutCollector:
             scores = torch.where(has_stop, scores, torch.full_like(scores, self.settings.score_without_stop))
         if self.settings.missing_eos_penalty is not None:
             scores = scores - self.settings.missing_eos_penalty * (~has_stop).float()
-        return scores.float(), components
+        return scores.float(), components, logs
+
+    def _reward_columns(self, prompts: EncodedPrompts, rows, sampled: Sampled,
+                        episode: EpisodeScoring | None) -> dict[str, list[Any]]:
+        """What a reward spec is given beside the query and completion texts: the rows' dataset columns,
+        `completion_has_eos`, an episode's columns, and the raw-text and TRL inputs where the reward asks."""
+        columns = {name: [values[i] for i in rows] for name, values in prompts.columns.items()}
+        columns["completion_has_eos"] = sampled.has_stop.tolist()
+        if episode is not None:
+            columns.update(episode.columns)
+        responses, mask = sampled.completion_ids, sampled.completion_mask
+        if self.reward.uses_raw_text():
+            columns.update(self._raw_text(sampled.prompt_ids, sampled.prompt_mask, responses, mask))
+        if self.reward.uses_trl_inputs():
+            columns["completion_ids"] = [ids[keep].tolist() for ids, keep in zip(responses, mask)]
+            columns["dataset_prompts"] = [prompts.prompts[i] if prompts.prompts else None for i in rows]
+        return columns
+
+    def _score_with_spec(self, queries, completions, columns, step: int
+                         ) -> tuple[list[float], dict[str, list[float]], FunctionLogs]:
+        """The reward spec's (totals, components, logs) of this process's rows. A reward error on any process
+        stops every process with its message; a stop signal while it runs stops all of them together."""
+        label = f"reward {type(self.reward).__name__}"
+        error, stopped, totals, components, logs = None, False, [], {}, FunctionLogs()
+        try:
+            totals, components = call_with_timeout(
+                lambda: self.reward.score(queries, completions, columns, step=step),
+                self.settings.reward_timeout, label, step, "training.reward_timeout")
+            logs = checked_logs(self.reward.take_logs(), len(completions), label, step)
+        except UserError as exc:
+            error = str(exc)
+        except StoppedWhileWaiting:
+            stopped = True
+        if self.collectives.any_process(stopped):  # every process stops together, none left in a collective
+            raise StoppedWhileWaiting()
+        self.collectives.raise_if_any_failed(error)
+        return totals, components, logs
 
     def _raw_text(self, prompt_ids, prompt_mask, responses, mask) -> dict[str, list[str]]:
         """For rewards written against the raw text (`RewardSpec.needs_raw_text`): the prompt as the model saw it
@@ -342,3 +358,13 @@ class RolloutCollector:
             "templated_prompts": [decode(ids[keep]) for ids, keep in zip(prompt_ids, prompt_mask)],
             "raw_completions": [decode(ids[keep]) for ids, keep in zip(responses, mask)],
         }
+
+
+def checked_logs(logs: FunctionLogs, completions: int, label: str, step: int) -> FunctionLogs:
+    """The reward's logs, refused in one line where a `log_extra` column does not hold one value per completion
+    (a column of the sample table has one row per completion, as TRL's completions table)."""
+    for column, values in logs.columns.items():
+        if len(values) != completions:
+            raise UserError(f"{label} at step {step}: log_extra({column!r}, values) was given {len(values)} "
+                            f"values for {completions} completions; give one value per completion")
+    return logs

@@ -60,6 +60,11 @@ class TrajectoryBatch:
     # (B, T) float32, 0 outside the loss mask: the behaviour policy's logprobs as the sampling engine gave them,
     # when that engine is not the training model (vLLM); None: `logprobs` are the sampler's
     sampling_logprobs: torch.Tensor | None = None
+    # what the reward's functions logged while scoring these rows (TRL 1.16's `log_extra` and `log_metric`,
+    # specs/reward.py FunctionLogs): columns of the sample table, (B,) values each, and scalar metrics by name,
+    # each value one call (the trainer logs their mean over every process)
+    logged_columns: Mapping[str, list[Any]] = field(default_factory=dict)
+    logged_metrics: Mapping[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:

@@ -10,6 +10,10 @@ from typing import Any
 from rich.table import Table
 
 
+# the keys every samples.jsonl record has, which a logged column of the same name does not replace
+RECORD_KEYS = ("step", "episode", "query", "response", "score", "probe")
+
+
 class SampleTable:
     def __init__(self, output_dir: str | Path, enabled: bool = True):
         self.enabled = enabled
@@ -24,27 +28,36 @@ class SampleTable:
         scores: list[float],
         components: dict[str, list[float]] | None = None,
         probe: bool = False,
+        columns: dict[str, list[Any]] | None = None,
     ) -> Table | None:
         """Append the rows to samples.jsonl and return a rich table of them (None on non-main processes).
-        `probe`: the fixed prompts sampled at every sample event (marked `"probe": true`)."""
+        `probe`: the fixed prompts sampled at every sample event (marked `"probe": true`). `columns`: what the
+        reward's functions logged per completion (`log_extra`), each written under its own name; a name the
+        record already holds (step, query, score, ...) keeps the record's value."""
         if not self.enabled:
             return None
         components = components or {}
+        columns = {name: values for name, values in (columns or {}).items()
+                   if name not in RECORD_KEYS and not name.startswith("rewards/")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         table = Table(title=f"samples at episode {episode}", show_lines=True)
-        for column in ("query", "model response", "score", *components):
+        for column in ("query", "model response", "score", *components, *columns):
             table.add_column(column, overflow="fold")
         with self.path.open("a", encoding="utf-8") as handle:
             for row, (query, response, score) in enumerate(zip(queries, responses, scores)):
                 parts = {name: _number_or_none(values[row]) for name, values in components.items()}
+                logged = {name: _number_or_none(values[row]) for name, values in columns.items()}
                 record: dict[str, Any] = {
                     "step": step, "episode": episode, "query": query, "response": response, "score": score,
                     **{f"rewards/{name}": value for name, value in parts.items()},
+                    **logged,
                     **({"probe": True} if probe else {}),
                 }
-                handle.write(json.dumps(record) + "\n")
+                # default=str: a logged value JSON cannot hold (a sympy number, a tuple key) is written as its text
+                handle.write(json.dumps(record, default=str) + "\n")
                 shown = ("-" if value is None else f"{value:.4f}" for value in parts.values())
-                table.add_row(query, response, f"{score:.4f}", *shown)
+                texts = ("-" if value is None else str(value) for value in logged.values())
+                table.add_row(query, response, f"{score:.4f}", *shown, *texts)
         return table
 
 

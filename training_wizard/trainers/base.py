@@ -48,6 +48,7 @@ from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, 
 from training_wizard.trainers.async_rollouts import async_metrics, batches_ahead, next_rollout, sample_ahead
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.environment_failures import stop_on_environment_failures
+from training_wizard.trainers.reward_logs import record_samples, reward_log_metrics
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
@@ -318,13 +319,14 @@ class OnPolicyTrainer(UpdateLoop):
         # this iteration's rate (sampling, scoring and update), not a running average since the start
         eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
         metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
+        metrics.update(reward_log_metrics(self.collectives, rollout, taken=metrics))  # log_metric, TRL's names
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
         if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
             self.metrics.log(metrics, self.state.iteration)
             progress.update(self.state.episode, metrics)
         if self.sample_every and self.state.iteration % self.sample_every == 0:
-            progress.print(self._sample_table(rollout))
+            progress.print(self._sample_table(rollout, config.num_completions_to_print or 4))
             self._record_probes()
         if config.eval_steps and self.eval_prompts is not None and self.state.iteration % config.eval_steps == 0:
             self.metrics.log(self.evaluate(), self.state.iteration)
@@ -407,10 +409,7 @@ class OnPolicyTrainer(UpdateLoop):
                                 self.config.vllm_importance_sampling_mode.startswith("sequence"))
 
     def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
-        shown = min(rows, rollout.num_rows)
-        return self.samples.record(self.state.iteration, self.state.episode, rollout.queries[:shown],
-                                   rollout.completions[:shown], rollout.scores[:shown].tolist(),
-                                   {name: values[:shown] for name, values in rollout.components.items()})
+        return record_samples(self.samples, self.state, rollout, rows)
 
     def _record_probes(self, count: int = 4) -> None:
         """Completions of the first `count` dataset prompts with the same sampling keys at every sample event, so
@@ -418,8 +417,7 @@ class OnPolicyTrainer(UpdateLoop):
         rows = list(range(min(count, len(self.train_prompts))))
         seeds = [row_seed(self.config.seed + 104_729, 0, i) for i in rows]
         probe = self.rollout_source.collect(self._request(self.train_prompts, rows, seeds, self.state.iteration))
-        self.samples.record(self.state.iteration, self.state.episode, probe.queries, probe.completions,
-                            probe.scores.tolist(), dict(probe.components), probe=True)
+        record_samples(self.samples, self.state, probe, probe.num_rows, probe=True)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
