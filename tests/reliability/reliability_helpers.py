@@ -105,19 +105,26 @@ def make_recipe(folder: Path, model_dir: Path, name: str, extra: str = "", algor
 class Child:
     def __init__(self, pid: int, log: Path):
         self.pid, self.log = pid, log
+        self._exit_code: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (as `wait` gives it) once the child has ended, else None; never blocks."""
+        if self._exit_code is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self._exit_code = os.waitstatus_to_exitcode(status)
+        return self._exit_code
 
     def wait(self, timeout: float = 240.0) -> int:
         """Exit code as the shell would see it: n for exit(n), -signal for a signal death."""
         deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
+        while self.poll() is None:
             if time.monotonic() > deadline:
                 os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
                 raise TimeoutError(f"child {self.pid} still running after {timeout}s; log: {self.stderr()[-2000:]}")
             time.sleep(0.02)
+        return self._exit_code
 
     def stdout(self) -> str:
         return (self.log.with_suffix(".out")).read_text(errors="replace")

@@ -106,11 +106,9 @@ def test_a_server_of_another_model_is_refused(server, tokenizer, tmp_path):
 
 def test_no_server_at_the_url_is_one_line(tokenizer, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
     with pytest.raises(UserError, match=f"no vLLM server answered at {url} within 2 s"):
         RLOOTrainer(config=server_config(tmp_path, url, vllm_server_timeout=2), tokenizer=tokenizer,
                     policy=vllm_sized_model(tokenizer), reward_model=lengths, train_dataset=dataset())
-    assert time.monotonic() - started < 30
 
 
 def test_a_server_that_never_answers_times_out(tokenizer, tmp_path):
