@@ -92,6 +92,7 @@ class Recipe(Spec):
         check_data_outside(self, self.output_dir)
         refuse_user_files(self.output_dir)
         check_trackers_installed(config.report_to)
+        check_hub_reachable(config)
 
     def prepare_output(self, accelerator) -> None:
         """Before any model loads (main process): output_dir is writable, and a new run does not find another run's
@@ -132,6 +133,20 @@ class Recipe(Spec):
 
             report = write_run_outputs(self.output_dir)
             console.print(f"plots and report: {report}")
+            self.push_final_model(trainer.config, console)
+
+    def push_final_model(self, config, console) -> None:
+        """With push_to_hub (main process, after the final save and its model card): upload output_dir/model to
+        hub_model_id. A failed upload is one line (exit 2); the saved model stays."""
+        if not getattr(config, "push_to_hub", False):
+            return
+        from training_wizard.trainers import trl_results
+
+        folder = Path(self.output_dir) / "model"
+        repo, _ = trl_results.upload_to_hub(folder, trl_results.hub_repository(config), "training.push_to_hub",
+                                            commit_message="End of training")
+        console.print(f"final model pushed to the Hub: https://huggingface.co/{repo}", markup=False,
+                      highlight=False, soft_wrap=True)
 
     def write_resolved_config(self) -> Path:
         """output_dir/resolved_config.toml: every key with its value in effect, secrets redacted."""
@@ -196,6 +211,19 @@ def check_launch(accelerator, environ=None) -> None:
     if launched > 1 and accelerator.num_processes != launched:
         raise UserError(f"launch: the environment says {launched} processes (WORLD_SIZE) but this process sees "
                         f"{accelerator.num_processes}; each would train alone into the same output_dir")
+
+
+def check_hub_reachable(config) -> None:
+    """With push_to_hub, the end of the run uploads the final model: refuse at start (no model loaded, nothing
+    written) a run whose upload could not happen, rather than finding out after training."""
+    if not getattr(config, "push_to_hub", False):
+        return
+    from training_wizard.trainers.trl_results import hub_unavailable
+
+    reason = hub_unavailable(None)
+    if reason is not None:
+        raise UserError(f"training.push_to_hub: {reason}, so the final model could not be uploaded; fix that, or "
+                        "set push_to_hub = false and upload output_dir/model later (hf upload)")
 
 
 def check_writable(output_dir: str) -> None:

@@ -20,6 +20,7 @@ from rich.table import Table
 from training_wizard.errors import UserError
 from training_wizard.recipes.final_model import save_final_model
 from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
+from training_wizard.spec import KeyValueError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
@@ -35,7 +36,11 @@ class OnPolicyRecipe(Recipe):
     ref_model: TransformerSpec | None = Field(
         None, description="Reference model for the KL penalty. Default: the policy's starting weights."
     )
-    dataset: DataSourceSpec = Field(description="Prompt-only training data.")
+    dataset: DataSourceSpec | None = Field(
+        None, description="Prompt-only training data. Rows without a prompt (only an `environment` column, say) "
+        "are an [environment]'s: its reset supplies each prompt. Optional with an [environment] of one factory, "
+        "whose reset then supplies every prompt and training.max_steps sets the run's length (TRL's modes, "
+        "docs/environments.md).")
     eval_dataset: DataSourceSpec | None = Field(None, description="Prompts for evaluation every eval_steps.")
     reward: RewardSpec | None = Field(
         None, description="Scores each completion. Required, except with an [environment] whose own reward "
@@ -62,6 +67,23 @@ class OnPolicyRecipe(Recipe):
         return trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
                        reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
                        accelerator=accelerator, **self.environment_factory())
+
+    @model_validator(mode="after")
+    def _something_gives_prompts(self) -> OnPolicyRecipe:
+        if self.dataset is not None:
+            return self
+        if self.environment is None or self.environment.factory is None:
+            raise KeyValueError("dataset", "required (a [dataset] table of prompts), unless an [environment] "
+                                "factory's reset supplies each prompt")
+        if isinstance(self.environment.factory, dict):
+            raise KeyValueError("dataset", "required with a table of environment factories: rows whose "
+                                f"`environment` column names each row's factory (e.g. {{\"environment\": "
+                                f"\"{next(iter(self.environment.factory))}\"}}), or name one factory")
+        if self.training.max_steps is None:
+            raise KeyValueError("dataset", "not given, so the environment's reset supplies each prompt and "
+                                "training.max_steps sets the run's length; set training.max_steps, or add a "
+                                "[dataset]")
+        return self
 
     @model_validator(mode="after")
     def _something_scores(self) -> OnPolicyRecipe:
@@ -115,7 +137,7 @@ class OnPolicyRecipe(Recipe):
         tokenizer = self.model.load_tokenizer()
         self.use_chat_template(tokenizer)
         bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)  # before any prompt is rendered
-        train_rows = self._load_prompts(self.dataset, "dataset", tokenizer, console)
+        train_rows = self._training_prompts(config, accelerator.num_processes, tokenizer, console)
         plan = config.batch_plan(accelerator.num_processes, len(train_rows))
         console.print(batch_table(plan))
         for note in batch_notes(plan, len(train_rows)):
@@ -134,6 +156,7 @@ class OnPolicyRecipe(Recipe):
         save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
         if accelerator.is_main_process:
             self.finish_outputs(time.perf_counter() - started, console)
+            self.push_final_model(config, console)
 
     def check_can_start(self, config, accelerator, console: Console, train_rows=None) -> None:
         """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the
@@ -173,10 +196,25 @@ class OnPolicyRecipe(Recipe):
         console.print(f"report: {report}  (plots: {Path(self.output_dir) / 'metrics.png'})", markup=False,
                       highlight=False, soft_wrap=True)
 
+    def _training_prompts(self, config, num_processes: int, tokenizer, console: Console):
+        """The [dataset]'s prompts; without one (an environment's reset supplies each prompt, TRL's mode), one
+        iteration's worth of rows with an empty prompt, so an epoch is one iteration and max_steps decides."""
+        if self.dataset is not None:
+            return self._load_prompts(self.dataset, "dataset", tokenizer, console)
+        from datasets import Dataset
+
+        from training_wizard.rollout.episode_start import environment_rows
+
+        count = config.batch_plan(num_processes).prompts_per_iteration
+        return Dataset.from_list(environment_rows(None, self.environment.load(), count))
+
     def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
+        from training_wizard.rollout.episode_start import environment_rows
         from training_wizard.specs.dataset import filter_long_prompts, validate_prompts
 
         dataset = spec.load(label)
+        if self.environment is not None:  # rows without a prompt: the environment's reset supplies it
+            dataset = environment_rows(dataset, self.environment.load(), len(dataset))
         validate_prompts(dataset, label)
         if getattr(spec, "filter_length", False):
             dataset, dropped = filter_long_prompts(dataset, tokenizer, self.training.response_length)
