@@ -17,7 +17,7 @@ Three standardisations exist in the package and differ on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -28,20 +28,42 @@ from training_wizard.core.masking import masked_sum, truncation_mask
 Moments = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+def rloo_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scored: torch.Tensor | None = None
+) -> torch.Tensor:
     """REINFORCE Leave-One-Out: each completion's reward minus the mean reward of the other k-1 of its prompt.
 
     rewards: (B,); group_ids: (B,) long, the prompt each completion was sampled from (`core.groups`), every group
     of the same size k >= 2. Vectorised: baseline = (sum over the group - own) / (k - 1). Advantages sum to zero
-    per prompt.
+    per prompt. `scored` (B,) bool (`scored_rows`): a row no reward scored is left out of its siblings' baselines
+    and gets advantage 0; the others' baseline is the mean over their scored siblings, (sum - own) / (n - 1) with
+    n the group's scored rows (TRL 1.16's RLOO trainer), and a row without a scored sibling gets 0 as well.
     """
     members = group_members(group_ids)
     rloo_k = members.shape[0]
     if rloo_k < 2:
         raise ValueError(f"rloo_k must be at least 2 for a leave-one-out baseline, got {rloo_k}")
     grid = on_grid(rewards, members)
-    baseline = (grid.sum(0, keepdim=True) - grid) / (rloo_k - 1)
-    return from_grid(grid - baseline, members)
+    if scored is None or bool(scored.all()):
+        baseline = (grid.sum(0, keepdim=True) - grid) / (rloo_k - 1)
+        return from_grid(grid - baseline, members)
+    kept = on_grid(scored.to(rewards.device), members)
+    values = torch.where(kept, grid, torch.zeros_like(grid))
+    count = kept.sum(0, keepdim=True)
+    baseline = (values.sum(0, keepdim=True) - values) / (count - 1).clamp(min=1)
+    advantages = torch.where(kept & (count > 1), grid - baseline, torch.zeros_like(grid))
+    return from_grid(advantages, members)
+
+
+def scored_rows(components: Mapping[str, Sequence[float]], rows: int) -> torch.Tensor:
+    """(rows,) bool: False where every reward component is NaN, the mark of a completion that every reward function
+    in TRL's form returned None for (specs/reward_functions.py; TRL 1.16 calls it unscorable). Scores themselves
+    stay finite (such a row's is 0), so the non-finite guard still catches a NaN from a broken reward. Without
+    components (a reward model, a plain function) every row is scored."""
+    if not components:
+        return torch.ones(rows, dtype=torch.bool)
+    values = torch.tensor([list(values) for values in components.values()], dtype=torch.float64)
+    return ~values.isnan().all(0)
 
 
 def local_moments(values: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,14 +96,20 @@ def whiten(
     return whitened
 
 
-def inverse_std(values: torch.Tensor, moments: Moments = local_moments) -> torch.Tensor:
-    """1 / sqrt(var + 1e-8) over the batch: the factor `whiten_rewards` multiplies the rewards by (0-dim)."""
-    return torch.rsqrt(moments(values)[1] + 1e-8)
+def inverse_std(
+    values: torch.Tensor, moments: Moments = local_moments, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """1 / sqrt(var + 1e-8) over the (masked-in) batch: the factor `whiten_rewards` multiplies the rewards by
+    (0-dim)."""
+    return torch.rsqrt(moments(values, mask)[1] + 1e-8)
 
 
-def normalize_and_clip(scores: torch.Tensor, clip_range: float, moments: Moments = local_moments) -> torch.Tensor:
-    """Reinforce++ reward normalisation: standardise over the batch, then clamp to [-clip_range, clip_range]."""
-    return whiten(scores, moments=moments).clamp(-clip_range, clip_range)
+def normalize_and_clip(
+    scores: torch.Tensor, clip_range: float, moments: Moments = local_moments, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Reinforce++ reward normalisation: standardise over the (masked-in) batch, then clamp to [-clip_range,
+    clip_range]; masked-out entries come back 0."""
+    return whiten(scores, mask, moments=moments).clamp(-clip_range, clip_range)
 
 
 def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -98,7 +126,8 @@ class ShapedRewards:
     kl: (B,) summed per-token KL estimate; non_score_reward: (B,) the KL part of the reward;
     rlhf_reward: (B,) score + non_score_reward, before any scaling. `returns`: PPO's value targets (B, T).
     `loss_mask`: (B, T) bool, the response tokens that carry loss, where it differs from the response mask
-    (mask_truncated_completions); None: every response token.
+    (mask_truncated_completions); None: every response token. `scored`: (B,) bool, the rows a reward scored, as
+    the shaping used them (None: every row); the logged score means leave the others out.
     """
 
     advantages: torch.Tensor
@@ -107,6 +136,7 @@ class ShapedRewards:
     rlhf_reward: torch.Tensor
     returns: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
+    scored: torch.Tensor | None = None  # (B,) bool, `scored_rows`: False where no reward scored the row
 
 
 @dataclass(frozen=True)
@@ -124,6 +154,18 @@ class RLOOShaping:
     mask_truncated_completions: bool = False
 
 
+def clipped_scores(
+    scores: torch.Tensor, options: RLOOShaping, moments: Moments, scored: torch.Tensor | None
+) -> torch.Tensor:
+    """RLOO's scores after its optional clamp and normalisation (`rloo_shaped_rewards`), the batch statistics
+    taken over the `scored` rows (None: every row)."""
+    clip = options.reward_clip_range
+    if isinstance(clip, (tuple, list)):
+        scores = scores.clamp(clip[0], clip[1])
+        return whiten(scores, scored, moments=moments) if options.normalize_reward else scores
+    return normalize_and_clip(scores, clip, moments, scored) if options.normalize_reward else scores
+
+
 def rloo_shaped_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,
@@ -133,6 +175,7 @@ def rloo_shaped_rewards(
     group_ids: torch.Tensor,
     moments: Moments = local_moments,
     has_stop: torch.Tensor | None = None,
+    scored: torch.Tensor | None = None,
 ) -> ShapedRewards:
     """RLOO's rewards and advantages from one rollout (TRL's RLOO trainer; Ahmadian et al. 2024).
 
@@ -147,30 +190,31 @@ def rloo_shaped_rewards(
     whiten_rewards (scale the rlhf rewards by 1 / std), normalize_advantage (whiten the advantages, masked for
     token level). mask_truncated_completions (needs has_stop (B,) bool) sets loss_mask: the response mask without
     the completions that have no stop token; their rewards still enter the baselines.
+    `scored` (B,) bool (`scored_rows`): rows no reward scored are left out of the baselines and of every batch
+    statistic, and get advantage 0 (TRL 1.16); they stay in the loss mask, as in TRL.
     """
     kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
-    clip = options.reward_clip_range
-    if isinstance(clip, (tuple, list)):
-        scores = scores.clamp(clip[0], clip[1])
-        if options.normalize_reward:
-            scores = whiten(scores, moments=moments)
-    elif options.normalize_reward:
-        scores = normalize_and_clip(scores, clip, moments)
+    scores = clipped_scores(scores, options, moments, scored)
     if options.token_level_kl:
         per_token = token_rewards(scores, kl, mask, options.kl_coef)
         rlhf_reward = per_token.sum(-1)
         non_score_reward = rlhf_reward - scores
     else:
         rlhf_reward, non_score_reward = sequence_rlhf_reward(scores, kl, mask, options.kl_coef)
-    scale = inverse_std(rlhf_reward, moments) if options.whiten_rewards else 1.0
-    sequence_advantages = rloo_advantages(rlhf_reward * scale, group_ids)
+    scale = inverse_std(rlhf_reward, moments, scored) if options.whiten_rewards else 1.0
+    sequence_advantages = rloo_advantages(rlhf_reward * scale, group_ids, scored)
+    statistics_mask = scored
     if options.token_level_kl:
         baseline = rlhf_reward * scale - sequence_advantages
         advantages = (reward_to_go(per_token * scale, mask) - baseline.unsqueeze(-1)) * mask
+        statistics_mask = mask if scored is None else mask & scored.unsqueeze(-1)
+        if scored is not None and not bool(scored.all()):
+            # an unscored row's baseline is its own reward, so its tokens would keep their KL parts: zeroed
+            advantages = torch.where(statistics_mask, advantages, torch.zeros_like(advantages))
     else:
         advantages = sequence_advantages
     if options.normalize_advantage:
-        advantages = whiten(advantages, mask if options.token_level_kl else None, moments=moments)
+        advantages = whiten(advantages, statistics_mask, moments=moments)
     loss_mask = None
     if options.mask_truncated_completions:
         if has_stop is None:
@@ -178,5 +222,5 @@ def rloo_shaped_rewards(
         loss_mask = truncation_mask(mask, has_stop)
     return ShapedRewards(
         advantages=advantages, kl=masked_sum(kl, mask), non_score_reward=non_score_reward, rlhf_reward=rlhf_reward,
-        loss_mask=loss_mask,
+        loss_mask=loss_mask, scored=scored,
     )

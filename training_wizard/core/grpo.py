@@ -29,7 +29,8 @@ STD_EPSILON = 1e-4
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: str = "group", moments: Moments = local_moments
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: str = "group", moments: Moments = local_moments,
+    scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO advantages: each reward minus its group's mean, divided by a standard deviation (DeepSeekMath eq. 3).
 
@@ -39,18 +40,44 @@ def group_advantages(
     it), "none" does not divide (Dr. GRPO: the division favours groups that are nearly all right or all wrong).
     Standard deviations are unbiased (n - 1), and STD_EPSILON is added before dividing. `std_is_zero` marks rows
     whose scale (the group's, or the batch's for "batch") is zero: TRL's `frac_reward_zero_std` is its mean.
+    `scored` (B,) bool (`core.advantages.scored_rows`): rows no reward scored are left out of every mean and
+    standard deviation and get advantage 0, as TRL 1.16's nanmean / nanstd leave them out; a group with fewer than
+    two scored rows has no standard deviation (not zero) and advantage 0 on every row.
     """
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch' or 'none'")
     members = group_members(group_ids)
     grid = on_grid(rewards, members)
-    centred = from_grid(grid - grid.mean(0, keepdim=True), members)
-    if scale_rewards == "batch":
-        std = moments(rewards)[1].clamp(min=0).sqrt().expand_as(rewards)
-    elif scale_rewards in ("group", "none"):
-        std = from_grid(grid.std(0, unbiased=True, keepdim=True).expand_as(grid), members)
+    valid = None
+    if scored is None or bool(scored.all()):
+        centred = from_grid(grid - grid.mean(0, keepdim=True), members)
+        group_std = grid.std(0, unbiased=True, keepdim=True)
     else:
-        raise ValueError(f"unknown scale_rewards {scale_rewards!r}; expected 'group', 'batch' or 'none'")
+        kept = on_grid(scored.to(rewards.device), members)
+        deviation, group_std = _scored_group_moments(grid, kept)
+        centred = from_grid(deviation, members)
+        valid = from_grid(kept & (kept.sum(0, keepdim=True) > 1), members)
+    if scale_rewards == "batch":
+        std = moments(rewards, scored)[1].clamp(min=0).sqrt().expand_as(rewards)
+    else:
+        std = from_grid(group_std.expand_as(grid), members)
     advantages = centred if scale_rewards == "none" else centred / (std + STD_EPSILON)
+    if valid is not None:
+        advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
     return advantages, torch.isclose(std, torch.zeros_like(std))
+
+
+def _scored_group_moments(grid: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each scored reward minus its group's mean over the scored rows, 0 elsewhere; each group's unbiased
+    standard deviation over them, (1, G), NaN where fewer than two were scored, as TRL's nanstd gives it) of a
+    (k, G) grid of rewards and its (k, G) bool grid `kept` of scored rows."""
+    count = kept.sum(0, keepdim=True)
+    values = torch.where(kept, grid, torch.zeros_like(grid))
+    mean = values.sum(0, keepdim=True) / count.clamp(min=1)
+    deviation = torch.where(kept, grid - mean, torch.zeros_like(grid))
+    variance = (deviation**2).sum(0, keepdim=True) / (count - 1).clamp(min=1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, float("nan")))
+    return deviation, std
 
 
 def importance_log_weights(
@@ -221,12 +248,22 @@ class GRPOShapedRewards(ShapedRewards):
     kept_rows: torch.Tensor | None = None  # (B,) bool under dynamic_sampling: the rows left in the loss
 
 
-def constant_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+def constant_groups(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scored: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B,) bool: the rows whose group's rewards are all equal (DAPO's dynamic sampling filters these groups out:
-    their advantages are all 0, so they carry no policy gradient). rewards, group_ids: (B,)."""
+    their advantages are all 0, so they carry no policy gradient). rewards, group_ids: (B,). With `scored` (B,)
+    bool, only the scored rows' rewards are compared, and a group with fewer than two of them is constant (its
+    advantages are 0 as well)."""
     members = group_members(group_ids)
     grid = on_grid(rewards, members)
-    return from_grid((grid == grid[:1]).all(0, keepdim=True).expand_as(grid), members)
+    if scored is None or bool(scored.all()):
+        return from_grid((grid == grid[:1]).all(0, keepdim=True).expand_as(grid), members)
+    kept = on_grid(scored.to(rewards.device), members)
+    highest = torch.where(kept, grid, torch.full_like(grid, -torch.inf)).amax(0, keepdim=True)
+    lowest = torch.where(kept, grid, torch.full_like(grid, torch.inf)).amin(0, keepdim=True)
+    constant = (highest == lowest) | (kept.sum(0, keepdim=True) < 2)
+    return from_grid(constant.expand_as(grid), members)
 
 
 def grpo_shaped_rewards(
@@ -240,19 +277,23 @@ def grpo_shaped_rewards(
     mask_truncated_completions: bool = False,
     moments: Moments = local_moments,
     drop_constant_groups: bool = False,
+    scored: torch.Tensor | None = None,
 ) -> GRPOShapedRewards:
     """GRPO's advantages of one rollout: `group_advantages` of the scores, one per completion (B,). The KL to the
     reference is a loss term (`per_token_loss`), not part of the reward: non_score_reward is 0 and rlhf_reward
     the score; `kl` (B,) is the rollout's summed k3 estimate, for the objective/kl metric. `drop_constant_groups`
     (DAPO's dynamic sampling, without its refill) leaves groups whose rewards are all equal out of the loss mask:
-    out of the token counts the dapo/bnpo losses divide by, and out of the KL term."""
-    advantages, std_is_zero = group_advantages(scores, group_ids, scale_rewards, moments)
+    out of the token counts the dapo/bnpo losses divide by, and out of the KL term. `scored` (B,) bool: see
+    `group_advantages`; rows no reward scored get advantage 0 but stay in the loss mask (their tokens still count
+    in the loss's normalisation and carry the KL term), as in TRL 1.16."""
+    advantages, std_is_zero = group_advantages(scores, group_ids, scale_rewards, moments, scored)
     kl = masked_sum(kl_per_token(logprobs, ref_logprobs, "k3"), mask)
     loss_mask = truncation_mask(mask, has_stop) if mask_truncated_completions else mask
-    kept_rows = ~constant_groups(scores, group_ids) if drop_constant_groups else None
+    kept_rows = ~constant_groups(scores, group_ids, scored) if drop_constant_groups else None
     if kept_rows is not None:
         loss_mask = loss_mask & kept_rows.unsqueeze(-1)
     return GRPOShapedRewards(
         advantages=advantages, kl=kl, non_score_reward=torch.zeros_like(scores), rlhf_reward=scores,
         std_is_zero=std_is_zero, loss_mask=loss_mask, ref_logprobs=ref_logprobs, kept_rows=kept_rows,
+        scored=scored,
     )

@@ -16,8 +16,9 @@ TRL 1.16 also passes `log_extra(column, values)` (a column of the sample table, 
 `log_metric(name, value)` (a scalar metric logged under `name`, averaged): so do we (`RewardSpec.take_logs`).
 
 A function may return None for a completion it does not score: the weighted sum then leaves it out for that
-completion (TRL's nansum). A completion no function scored counts 0, as TRL's nansum gives it: one warning line
-per batch names how many, and `frac_reward_all_none` is their share of the batch. Each function is logged as
+completion (TRL's nansum). A completion no function scored totals 0 (every component NaN marks it): one warning
+line per batch names how many, and `frac_reward_all_none` is their share of the batch. GRPO and RLOO leave it out
+of its group's baseline with advantage 0, as TRL 1.16 does; PPO counts it 0 (docs/algorithms.md). Each function is logged as
 `rewards/<function name>`: the mean over the completions it scored (None values travel as NaN inside the
 components; the total is always finite). `async def` functions run concurrently, on one event loop that lasts the whole run.
 """

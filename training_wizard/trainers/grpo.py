@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from training_wizard.core.advantages import ShapedRewards, local_moments
+from training_wizard.core.advantages import ShapedRewards, local_moments, scored_rows
 from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
@@ -25,12 +25,13 @@ from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import GRPOConfig
+from training_wizard.trainers.scored_rows import ScoredRowsMetrics
 from training_wizard.trainers.trl_arguments import trainer_arguments
 from training_wizard.trainers.trl_metrics import TRLMetrics
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class GRPOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
+class GRPOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrainer):
     """num_generations completions per prompt; each one's advantage is its reward minus its group's mean.
 
     TRL 1.16's arguments: `GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
@@ -76,6 +77,7 @@ class GRPOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, rollout.has_stop,
             rollout.group_ids, config.scale_rewards, config.mask_truncated_completions,
             moments=self.collectives.global_moments(local_moments), drop_constant_groups=config.dynamic_sampling,
+            scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
 
     # -- step 7 ------------------------------------------------------------------------------------------------

@@ -5,18 +5,21 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from training_wizard.core.advantages import RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards
+from training_wizard.core.advantages import (
+    RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards, scored_rows,
+)
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import RLOOConfig
+from training_wizard.trainers.scored_rows import ScoredRowsMetrics
 from training_wizard.trainers.trl_arguments import trainer_arguments
 from training_wizard.trainers.trl_metrics import TRLMetrics
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class RLOOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
+class RLOOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrainer):
     """k completions per prompt; each completion's baseline is the mean reward of the other k - 1.
 
     TRL 1.16's arguments: `RLOOTrainer(model=..., reward_funcs=..., args=RLOOConfig(...), train_dataset=...,
@@ -62,6 +65,7 @@ class RLOOTrainer(TRLTrainerMethods, TRLMetrics, OnPolicyTrainer):
         return rloo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, options, rollout.group_ids,
             moments=self.collectives.global_moments(local_moments), has_stop=rollout.has_stop,
+            scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
