@@ -65,7 +65,7 @@ def test_config_aliases_booleans_and_lists_parse_from_flags():
 @pytest.mark.parametrize("argv, expected", [
     (["--learning_rate", "abc"], "error: argument --learning_rate: invalid float value: 'abc'"),
     (["--learning_rate", "-1"], "error: GRPOConfig: learning_rate: Input should be greater than 0"),
-    (["--push_to_hub", "true"], "error: GRPOConfig: push_to_hub: true is not supported"),
+    (["--hub_token", "t"], 'error: GRPOConfig: hub_token: "t" is not supported'),
     (["--no_such_flag", "1"], "error: unknown arguments: --no_such_flag 1"),
     (["--lora_r", "x"], "error: argument --lora_r: invalid int value: 'x'"),
     (["--config", "missing.yaml"], "error: --config missing.yaml: cannot read"),

@@ -26,8 +26,8 @@ def clean_line(exc: BaseException) -> str:
      "greater than 0 (got 0)"),
     (lambda: GRPOConfig(learnin_rate=1e-3), "GRPOConfig: learnin_rate: Extra inputs are not permitted (an unknown "
      "keyword argument: check the spelling; docs/configuration.md lists the options)"),
-    (lambda: GRPOConfig(push_to_hub=True), "GRPOConfig: push_to_hub: true is not supported: nothing is pushed to "
-     "the Hub: upload output_dir/model yourself (hf upload); remove it"),
+    (lambda: GRPOConfig(hub_token="t"), 'GRPOConfig: hub_token: "t" is not supported: push_to_hub reads the token '
+     "of HF_TOKEN or `hf auth login`; remove it"),
     (lambda: SFTConfig(learning_rate="fast"), "SFTConfig: learning_rate: Input should be a valid number, unable to "
      "parse string as a number (got 'fast')"),
     (lambda: setattr(GRPOConfig(), "temperature", "hot"), "GRPOConfig: temperature: Input should be a valid number, "
