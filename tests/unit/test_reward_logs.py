@@ -12,6 +12,7 @@ import torch
 
 from tests.helpers import make_grpo_trainer, make_rloo_trainer
 from training_wizard.errors import UserError
+from training_wizard.specs.reward import CallableRewardSpec
 from training_wizard.specs.reward_objects import RewardObjectsSpec
 from training_wizard.tracking.metrics import read_metrics
 from training_wizard.tracking.samples import SampleTable
@@ -111,3 +112,13 @@ def test_a_logged_column_beside_the_record_keeps_the_records_own_keys(tmp_path):
     (row,) = samples(tmp_path)
     assert row == {"step": 3, "episode": 24, "query": "q", "response": "r", "score": 0.5, "rewards/fmt": 1.0,
                    "verdict": "ok", "gap": None}
+
+
+def test_a_reward_that_cannot_log_costs_no_collective():
+    logs = types.SimpleNamespace(logged_metrics={})
+    for reward in (torch.nn.Linear(1, 1), CallableRewardSpec(fn=one_value_column)):
+        quiet = RecordedProcess(64)
+        assert reward_log_metrics(quiet, logs, {}, reward) == {} and quiet.calls == []
+    asked = RecordedProcess(64)
+    reward_log_metrics(asked, logs, {}, RewardObjectsSpec(reward_funcs=[logging_length]))
+    assert asked.calls == ["max_int", "gather"]

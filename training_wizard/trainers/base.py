@@ -319,7 +319,7 @@ class OnPolicyTrainer(UpdateLoop):
         # this iteration's rate (sampling, scoring and update), not a running average since the start
         eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
         metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
-        metrics.update(reward_log_metrics(self.collectives, rollout, taken=metrics))  # log_metric, TRL's names
+        metrics.update(reward_log_metrics(self.collectives, rollout, metrics, self.reward))  # log_metric's, by name
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
         if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:

@@ -11,13 +11,18 @@ from typing import Any, Mapping
 import torch
 
 from training_wizard.rollout.trajectory import TrajectoryBatch
+from training_wizard.specs.reward import RewardSpec
 
 
-def reward_log_metrics(collectives, rollout: TrajectoryBatch, taken: Mapping[str, Any]) -> dict[str, float]:
+def reward_log_metrics(collectives, rollout: TrajectoryBatch, taken: Mapping[str, Any],
+                       reward: Any = None) -> dict[str, float]:
     """{name: mean of every value logged under it on every process}, by sorted name, leaving out the names in
     `taken` (the trainer's own metrics keep their meaning). Every process calls it once per iteration, with or
     without metrics of its own: a function may log a name on some processes only, so the names travel with the
-    values (`_gathered_totals`) and no process waits in a collective another one skipped."""
+    values (`_gathered_totals`) and no process waits in a collective another one skipped. A `reward` that never
+    logs (a reward model, a spec without `take_logs` of its own: the same on every process) costs no collective."""
+    if reward is not None and not can_log(reward):
+        return {}
     totals: dict[str, list[float]] = {}
     for local in _gathered_totals(collectives, {name: [sum(values), len(values)]
                                                 for name, values in rollout.logged_metrics.items()}):
@@ -27,6 +32,11 @@ def reward_log_metrics(collectives, rollout: TrajectoryBatch, taken: Mapping[str
             summed[1] += count
     return {name: total / count for name, (total, count) in sorted(totals.items())
             if count and name not in taken}
+
+
+def can_log(reward: Any) -> bool:
+    """Whether the trainer's reward can hand over logs: a RewardSpec whose class has its own `take_logs`."""
+    return isinstance(reward, RewardSpec) and type(reward).take_logs is not RewardSpec.take_logs
 
 
 def _gathered_totals(collectives, local: dict[str, list[float]]) -> list[dict[str, list[float]]]:
