@@ -69,3 +69,18 @@ def test_async_correction_without_async_rollouts_is_refused_with_one_line():
                                          r"= true \(sampling ahead of the update\); set async_rollouts = true, or remove async_correction"):
         RLOOConfig(async_correction="sequence_mask")
     assert RLOOConfig(async_correction="token_truncate").async_correction == "token_truncate"  # its default: passes
+
+
+@pytest.mark.parametrize("correction, per_sequence", [("token_truncate", False), ("sequence_mask", True)])
+def test_the_sampling_metrics_read_the_weights_the_async_rule_makes(tokenizer, tmp_path, monkeypatch, correction,
+                                                                    per_sequence):
+    """An async run's correction metrics are per token or per completion as async_correction says, not as the
+    (synchronous) vllm_importance_sampling_mode does."""
+    from tests.helpers import make_rloo_trainer
+    from training_wizard.trainers import base
+
+    seen, measure = [], base.sampling_metrics
+    monkeypatch.setattr(base, "sampling_metrics", lambda *args: seen.append(args[-1]) or measure(*args))
+    make_rloo_trainer(tokenizer, tmp_path, total_episodes=32, async_rollouts=True, async_correction=correction,
+                      vllm_importance_sampling_mode="sequence_mask").train()
+    assert seen and set(seen) == {per_sequence}

@@ -406,7 +406,7 @@ class OnPolicyTrainer(UpdateLoop):
     def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:
         weights = self._correction_weights(rollout.logprobs, rollout.sampling_logprobs, rollout.loss_mask)
         return sampling_metrics(self.collectives, self.accelerator.device, rollout, weights,
-                                self.config.vllm_importance_sampling_mode.startswith("sequence"))
+                                self.correction_mode.startswith("sequence"))
 
     def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
         return record_samples(self.samples, self.state, rollout, rows)
