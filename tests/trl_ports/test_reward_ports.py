@@ -15,7 +15,8 @@ def test_multitask_rewards_returning_none_train_with_a_warning(run_trl_script, t
     assert [r["episode"] for r in records] == [6, 12]  # every iteration holds the three rows, two samples each
     warnings = [line for line in capsys.readouterr().err.splitlines() if "every reward function returned None" in line]
     assert warnings == [f"warning: reward RewardObjectsSpec at step {step}: every reward function returned None for "
-                        "2 of 6 completions; they count 0, as TRL's nansum gives" for step in (1, 2)]
+                        "2 of 6 completions; GRPO and RLOO give them advantage 0 outside their group's baseline, "
+                        "as TRL 1.16 does, PPO counts them 0" for step in (1, 2)]
     for record in records:
         assert all(key in record for key in ("rewards/arithmetic_reward/mean", "rewards/echo_reward/mean"))
 

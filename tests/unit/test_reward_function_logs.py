@@ -31,7 +31,8 @@ def test_rows_no_function_scored_count_zero_with_one_warning_line(capsys):
     assert math.isnan(components["never"][0]) and components["only_first"][0] == 1.0
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["warning: reward RewardObjectsSpec at step 3: every reward function returned None for 3 of 4 "
-                     "completions; they count 0, as TRL's nansum gives"]
+                     "completions; GRPO and RLOO give them advantage 0 outside their group's baseline, as TRL 1.16 "
+                     "does, PPO counts them 0"]
     assert spec.take_logs().metrics == {"frac_reward_all_none": [0.75]}
 
 

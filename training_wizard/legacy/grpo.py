@@ -23,7 +23,8 @@ _GRPO_IGNORED = {
     **IGNORED_TRAINING_ARGS,
     "max_prompt_length": "prompts are not truncated (use dataset.filter_length to drop long ones)",
     "log_completions": "a sample table is printed num_sample_generations times per run",
-    "num_completions_to_print": "a sample table is printed num_sample_generations times per run",
+    "num_completions_to_print": "a 1.0 recipe keeps today's sample tables (set training.num_completions_to_print "
+                                "in a recipe of today's form to choose their rows)",
     "disable_dropout": "dropout is always off in policy and reference",
     "shuffle_dataset": "prompts are always shuffled",
 }

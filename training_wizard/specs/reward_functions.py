@@ -163,7 +163,8 @@ class RewardFunctionsSpec(RewardSpec):
             logs.log_metric("frac_reward_all_none", unscored / len(completions) if completions else 0.0)
         if unscored:
             print(f"warning: reward {label or type(self).__name__} at step {step}: every reward function returned "
-                  f"None for {unscored} of {len(completions)} completions; they count 0, as TRL's nansum gives",
+                  f"None for {unscored} of {len(completions)} completions; GRPO and RLOO give them advantage 0 outside "
+                  "their group's baseline, as TRL 1.16 does, PPO counts them 0",
                   file=sys.stderr)
         return totals, components
 
