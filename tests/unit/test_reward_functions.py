@@ -65,16 +65,23 @@ async def slow_one(prompts, completions, **kwargs):
 
 
 MEETING: dict[str, asyncio.Event] = {}  # each rendezvous function's "I am running" event, made on the reward loop
+MISSED: list[str] = []  # the rendezvous functions that ran alone
 
 
 async def meet(me: str, other: str) -> None:
     """Say this function runs, then wait for the other one to say so: awaited one after the other, the first
-    would wait out its 60 s and raise, so returning proves both ran at the same time."""
+    would wait out its 60 s and be recorded in MISSED, so an empty MISSED proves both ran at the same time. Each
+    call's event lasts only while it runs, so a later call (a retry alone) never meets a stale one."""
+    if MISSED:  # one miss already proves they did not meet: fail at once, not after another 60 s
+        raise RuntimeError(f"{me}: an earlier call ran alone")
     MEETING.setdefault(me, asyncio.Event()).set()
     try:
         await asyncio.wait_for(MEETING.setdefault(other, asyncio.Event()).wait(), 60)
     except asyncio.TimeoutError:
+        MISSED.append(me)
         raise RuntimeError(f"{me} ran alone: {other} never ran while it waited") from None
+    finally:
+        MEETING[me].clear()
 
 
 async def meets_two(prompts, completions, **kwargs):
@@ -214,8 +221,10 @@ def test_repeated_function_names_get_suffixes():
 
 def test_async_functions_run_concurrently():
     MEETING.clear()
+    MISSED.clear()
     spec = funcs("meets_two", "meets_one", "recorder")
-    total, components = spec.score(["p"] * 2, ["ab", "c"], {})  # one after the other: the first raises
+    total, components = spec.score(["p"] * 2, ["ab", "c"], {})
+    assert MISSED == []  # (a failed call is retried alone, so the totals alone could hide a miss)
     assert total == [1 + 2 + 2.0, 1 + 2 + 1.0]
     assert components["meets_two"] == [1.0, 1.0] and components["meets_one"] == [2.0, 2.0]
 
