@@ -205,6 +205,9 @@ def test_a_slow_server_ends_the_episode_at_step_timeout(healthy_url):
     assert play(OpenEnvEnvironment(url=healthy_url), 2, ["river", "x"])[1] == ("You said it. Again.", 1.0, False)
 
 
+HUNG_UP = threading.Event()  # set once odd_server(None) has closed its connection after reset
+
+
 @contextlib.contextmanager
 def odd_server(step_answer: str | None):
     """A WebSocket server that answers reset as OpenEnv does, then `step_answer` to a step; None: it hangs up
@@ -218,6 +221,8 @@ def odd_server(step_answer: str | None):
                 connection.send(json.dumps({"type": "observation", "data": {
                     "observation": {"prompt": "Say 'x'."}, "reward": None, "done": False}}))
                 if step_answer is None:
+                    connection.close()
+                    HUNG_UP.set()
                     return
             elif kind == "step":
                 connection.send(step_answer or json.dumps({"type": "observation", "data": {
@@ -240,8 +245,9 @@ def odd_server(step_answer: str | None):
 def test_garbage_or_a_dropped_connection_ends_the_episode(step_answer, reason, healthy_url):
     with odd_server(step_answer) as url:
         environment = OpenEnvEnvironment(url=url, action=f"{HERE}:said", step_timeout=GENEROUS_S)
+        HUNG_UP.clear()
         assert environment.reset(seed=1) == "Say 'x'."
-        time.sleep(0.1)  # a hang-up reaches the client
+        assert step_answer is not None or HUNG_UP.wait(GENEROUS_S)  # the hang-up happened before the step
         with pytest.raises(EnvironmentFailure, match=reason):  # the answer ends the step, not its timeout
             environment.step("x")
     assert play(OpenEnvEnvironment(url=healthy_url), 3, ["candle", "x"])[1][1] == 1.0
