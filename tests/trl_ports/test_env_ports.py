@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trl_ports.test_reward_ports import run_port
 from training_wizard.rollout.chat_templates import load_chat_template
+from training_wizard.tracking.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +28,13 @@ def tools_model_dir(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["trl_env_tools.py", "trl_env_openenv_echo.py"])
-def test_tool_and_environment_scripts_train(script, tools_model_dir, tmp_path):
-    assert [record["episode"] for record in run_port(script, tools_model_dir, tmp_path)] == [4, 8]
+def test_tool_and_environment_scripts_train(run_trl_script, script, tools_model_dir, tmp_path):
+    run_trl_script(script, tools_model_dir, tmp_path)
+    assert [record["episode"] for record in read_metrics(tmp_path)] == [4, 8]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["trl_env_reset_prompt.py", "trl_env_routed.py"])
-def test_environments_that_supply_the_prompt_train(script, tools_model_dir, tmp_path):
-    assert [record["episode"] for record in run_port(script, tools_model_dir, tmp_path)] == [4, 8]
+def test_environments_that_supply_the_prompt_train(run_trl_script, script, tools_model_dir, tmp_path):
+    run_trl_script(script, tools_model_dir, tmp_path)
+    assert [record["episode"] for record in read_metrics(tmp_path)] == [4, 8]
