@@ -84,3 +84,20 @@ def test_the_sampling_metrics_read_the_weights_the_async_rule_makes(tokenizer, t
     make_rloo_trainer(tokenizer, tmp_path, total_episodes=32, async_rollouts=True, async_correction=correction,
                       vllm_importance_sampling_mode="sequence_mask").train()
     assert seen and set(seen) == {per_sequence}
+
+
+def test_a_vllm_mode_the_user_chose_holds_for_batches_sampled_ahead_unless_async_correction_is_chosen_too():
+    """Async runs used vllm_importance_sampling_mode before async_correction existed: a config that sets it, and
+    not the new key, keeps its rule rather than change rule without a word."""
+    chosen = ConfiguredLoop(RLOOConfig(async_rollouts=True, vllm_importance_sampling_mode="sequence_truncate"))
+    assert chosen.correction_mode == "sequence_truncate"
+    both = ConfiguredLoop(RLOOConfig(async_rollouts=True, vllm_importance_sampling_mode="sequence_truncate",
+                                     async_correction="token_mask"))
+    assert both.correction_mode == "token_mask"
+    assert ConfiguredLoop(RLOOConfig(async_rollouts=True)).correction_mode == "token_truncate"
+
+
+def test_async_correction_at_a_bound_of_zero_is_refused():
+    with pytest.raises(ValueError, match=r"max_staleness = 0 is the synchronous loop.*leave async_correction at "
+                                         r"\"token_truncate\""):
+        RLOOConfig(async_rollouts=True, max_staleness=0, async_correction="sequence_mask")

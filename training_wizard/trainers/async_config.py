@@ -51,7 +51,8 @@ class AsyncRolloutOptions(RunConfig):
         "token's weight (TRL's cap); 'token_mask' zeroes the tokens outside the bounds (AReaL's rule, with "
         "clip_max = 5); 'sequence_mask' (the earlier default) and 'sequence_truncate' bound one weight per "
         "completion, the product over its tokens, which grows with the length (docs/async.md measures both). It "
-        "replaces vllm_importance_sampling_mode wherever batches are sampled ahead (max_staleness of 1 or more).")
+        "replaces vllm_importance_sampling_mode wherever batches are sampled ahead (max_staleness of 1 or more), "
+        "unless a recipe sets vllm_importance_sampling_mode and not this key: then that mode holds for every batch.")
 
     @model_validator(mode="after")
     def _async_options_agree(self) -> AsyncRolloutOptions:
@@ -61,9 +62,10 @@ class AsyncRolloutOptions(RunConfig):
         if self.max_inflight_tasks == 0 or self.max_inflight_tasks < -1:
             raise ValueError(f"max_inflight_tasks = {self.max_inflight_tasks}: expected -1 (automatic) or a "
                              "positive number of completions")
-        if self.max_staleness == 0 and self.max_inflight_tasks != -1:
-            raise ValueError("max_staleness = 0 is the synchronous loop, which samples nothing ahead: leave "
-                             "max_inflight_tasks at -1")
+        for key, default in (("max_inflight_tasks", -1), ("async_correction", "token_truncate")):
+            if self.max_staleness == 0 and getattr(self, key) != default:
+                raise ValueError(f"max_staleness = 0 is the synchronous loop, which samples nothing ahead: leave "
+                                 f"{key} at {shown(default)}")
         if self.weight_sync_steps > 1 and self.async_producer == "inline":
             raise ValueError("weight_sync_steps above 1 keeps the producer on older weights than the trainer's: "
                              "it needs async_producer = 'thread'")

@@ -130,9 +130,13 @@ class UpdateLoop:
     @property
     def correction_mode(self) -> str:
         """The rule bounding the correction weights: async_correction where batches are sampled ahead (their gap
-        is mostly staleness), else vllm_importance_sampling_mode (the sampler's gap alone)."""
+        is mostly staleness), else vllm_importance_sampling_mode (the sampler's gap alone), which also holds for
+        batches sampled ahead when the config sets it and not async_correction (it was the rule there before)."""
         config = self.config
-        return config.async_correction if config.samples_ahead else config.vllm_importance_sampling_mode
+        chosen = config.model_fields_set
+        if not config.samples_ahead or ("vllm_importance_sampling_mode" in chosen and "async_correction" not in chosen):
+            return config.vllm_importance_sampling_mode  # a mode the user chose holds unless they chose both
+        return config.async_correction
 
     def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
         """The bounded correction weights under the config's mode and bounds."""
