@@ -143,3 +143,22 @@ def test_an_all_none_row_gets_advantage_zero_and_leaves_the_score_means(tmp_path
     out = trainer.shape_rewards(trainer.collect_rollout())
     assert out.scored.tolist() == [False, True, True, True]
     assert out.advantages[0].item() == 0.0
+
+
+@pytest.mark.parametrize("token_level_kl", [False, True])
+def test_rloo_normalize_advantage_leaves_a_lone_scored_row_out(token_level_kl):
+    """TRL 1.16 whitens with nanmean / nanstd after a lone scored row's 0 / 0 baseline made its advantage NaN."""
+    group_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    scored = torch.tensor([True, True, True, False, True, False, False, False])
+    scores = torch.tensor([2.0, 0.0, 1.0, 0.0, 5.0, 0.0, 0.0, 0.0])
+    options = RLOOShaping(rloo_k=4, kl_coef=0.0, token_level_kl=token_level_kl, normalize_advantage=True)
+    logprobs = torch.zeros(8, 3)
+    out = rloo_shaped_rewards(scores, logprobs, logprobs, torch.ones(8, 3, dtype=torch.bool), options, group_ids,
+                              scored=scored)
+    # leave-one-out advantages 2 - 1/2, 0 - 3/2, 1 - 1, once per token: unbiased variance 2.25 per row, 27/16 per token
+    std = math.sqrt(27 / 16) if token_level_kl else 1.5
+    expected = torch.tensor([1.5 / std, -1.5 / std, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    advantages = out.advantages if not token_level_kl else out.advantages.mean(-1)
+    assert advantages.tolist() == pytest.approx(expected.tolist(), rel=1e-6)
+    if token_level_kl:
+        assert (out.advantages == out.advantages[:, :1]).all()  # no KL: every token carries the row's advantage

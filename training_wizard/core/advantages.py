@@ -55,6 +55,14 @@ def rloo_advantages(
     return from_grid(advantages, members)
 
 
+def rows_with_scored_sibling(scored: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the scored rows whose group has another scored row, the ones `rloo_advantages` gives a
+    leave-one-out advantage (TRL 1.16's is NaN for the rest: unscored, or alone with 0 / 0 as its baseline)."""
+    members = group_members(group_ids)
+    kept = on_grid(scored, members)
+    return from_grid(kept & (kept.sum(0, keepdim=True) > 1), members)
+
+
 def scored_rows(components: Mapping[str, Sequence[float]], rows: int) -> torch.Tensor:
     """(rows,) bool: False where every reward component is NaN, the mark of a completion that every reward function
     in TRL's form returned None for (specs/reward_functions.py; TRL 1.16 calls it unscorable). Scores themselves
@@ -191,7 +199,8 @@ def rloo_shaped_rewards(
     token level). mask_truncated_completions (needs has_stop (B,) bool) sets loss_mask: the response mask without
     the completions that have no stop token; their rewards still enter the baselines.
     `scored` (B,) bool (`scored_rows`): rows no reward scored are left out of the baselines and of every batch
-    statistic, and get advantage 0 (TRL 1.16); they stay in the loss mask, as in TRL.
+    statistic, and get advantage 0 (TRL 1.16); they stay in the loss mask, as in TRL. A scored row with no scored
+    sibling gets advantage 0 too and is left out of normalize_advantage's statistics (TRL's NaN advantage).
     """
     kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
     scores = clipped_scores(scores, options, moments, scored)
@@ -203,13 +212,15 @@ def rloo_shaped_rewards(
         rlhf_reward, non_score_reward = sequence_rlhf_reward(scores, kl, mask, options.kl_coef)
     scale = inverse_std(rlhf_reward, moments, scored) if options.whiten_rewards else 1.0
     sequence_advantages = rloo_advantages(rlhf_reward * scale, group_ids, scored)
-    statistics_mask = scored
+    # TRL 1.16 whitens over the advantages that are not NaN: a lone scored row's 0 / 0 baseline leaves it out too
+    statistics_mask = None if scored is None else rows_with_scored_sibling(scored, group_ids)
     if options.token_level_kl:
         baseline = rlhf_reward * scale - sequence_advantages
         advantages = (reward_to_go(per_token * scale, mask) - baseline.unsqueeze(-1)) * mask
-        statistics_mask = mask if scored is None else mask & scored.unsqueeze(-1)
-        if scored is not None and not bool(scored.all()):
-            # an unscored row's baseline is its own reward, so its tokens would keep their KL parts: zeroed
+        rows = statistics_mask
+        statistics_mask = mask if rows is None else mask & rows.unsqueeze(-1)
+        if rows is not None and not bool(rows.all()):
+            # a row without a baseline has its own reward as one, so its tokens would keep their KL parts: zeroed
             advantages = torch.where(statistics_mask, advantages, torch.zeros_like(advantages))
     else:
         advantages = sequence_advantages
