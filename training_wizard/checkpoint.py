@@ -13,13 +13,11 @@ fsync files and folder -> rename to `step-N` -> fsync the parent -> rewrite `lat
 prune older checkpoints beyond `save_total_limit`. Resuming (run_start.py) reads the manifest's `identity` and
 `training` settings first. A crash at any point leaves the previous checkpoint and
 `latest` intact; a failed write (disk full) removes the staging folder and stops with a one-line UserError.
-A failed write is whatever the writers raise for it: OSError, safetensors' SafetensorError, and the RuntimeError
-of torch's zip writer (torch.save reports a full disk as "PytorchStreamWriter failed writing file ...").
+What counts as a failed write, for every writer (sharded or not), is decided in checkpoint_writes.py.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -30,6 +28,10 @@ from typing import Any, Protocol
 
 import torch
 
+from training_wizard.checkpoint_writes import (
+    failure_reason, fsync_dir, fsync_tree, is_caught_while_writing, raise_first_failure, save_plain,
+    write_failure_cause,
+)
 from training_wizard.errors import UserError
 from training_wizard.guards import first_nonfinite_parameter
 from training_wizard.run_folder import identity_difference, run_identity, training_settings
@@ -53,24 +55,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as handle:
-                os.fsync(handle.fileno())
-        elif path.is_dir():
-            _fsync_dir(path)
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def config_hash(config) -> str:
@@ -158,56 +142,50 @@ def save_checkpoint(trainer: Checkpointable, state: dict[str, Any] | None = None
             error = _write_failure(root, step, exc)
     collectives.raise_if_any_failed(error)  # also the barrier: the folder exists before anyone writes into it
     if engine_kind(trainer.accelerator):  # every process writes its own shard into the staging folder
-        try:
-            collectives.save_sharded_state(models, trainer.optimizer, staging / SHARDED_STATE)
-        except OSError as exc:
-            error = _write_failure(root, step, exc) if collectives.is_main else f"checkpoint step-{step}: {exc}"
-        collectives.raise_if_any_failed(error)  # and every shard is written before the main process commits
+        error, bug = _save_shards(trainer, models, root, step)
+        raise_first_failure(collectives, error, bug)  # and every shard is written before the main process commits
     if collectives.is_main:
         try:
             _write_and_commit(trainer, root, step, run_state, state_dicts)
         except Exception as exc:  # noqa: BLE001 - sorted below: the user's I/O trouble, or a bug
-            if _is_io_error(exc):  # disk full, permissions, a vanished folder: the user's to fix
-                error = _write_failure(root, step, exc)
+            cause = write_failure_cause(exc)
+            if cause is not None:  # disk full, permissions, a vanished folder: the user's to fix
+                error = _write_failure(root, step, cause)
             else:  # a bug: keep its traceback here, stop the other processes with one line
                 shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
                 bug = exc
                 error = f"checkpoint step-{step}: the main process failed while writing it (see its traceback)"
-    try:
-        collectives.raise_if_any_failed(error)
-    except UserError:
-        if bug is not None:
-            raise bug from None
-        raise
+    raise_first_failure(collectives, error, bug)
     trainer.last_saved_step = step
     return root / f"step-{step}"
 
 
-def _is_io_error(exc: Exception) -> bool:
-    """A write failure: OSError (torch.save's own failures arrive as one, `_save_plain`), or safetensors' error
-    (its Rust writer reports a full disk as "IoError(... StorageFull ...)" rather than raising OSError)."""
-    return isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"
-
-
-def _save_plain(data: Any, path: Path) -> None:
-    """torch.save, whose zip writer reports a failed write (a full disk) as RuntimeError: made an OSError naming
-    the file, so it takes the disk-full path. Pickling problems (bugs) raise other types and keep theirs."""
+def _save_shards(trainer: Checkpointable, models, root: Path, step: int) -> tuple[str | None, BaseException | None]:
+    """Every process writes its shard (DeepSpeed's engine through torch.save, or torch DCP). Returns (error line,
+    bug): a failed write is the one line of any other write (the main process drops the staging folder); anything
+    else is a bug whose traceback its process keeps while the others stop with a line pointing at it."""
+    collectives = trainer.collectives
     try:
-        torch.save(data, path)
-    except RuntimeError as exc:
-        first = (str(exc).strip().splitlines() or ["RuntimeError"])[0][:200]
-        raise OSError(errno.EIO, f"write error: {first}", str(path)) from exc
+        collectives.save_sharded_state(models, trainer.optimizer, root / f".staging-step-{step}" / SHARDED_STATE)
+    except BaseException as exc:  # torch DCP's CheckpointException is a BaseException
+        if not is_caught_while_writing(exc):
+            raise
+        cause = write_failure_cause(exc)
+        if cause is None:
+            return (f"checkpoint step-{step}: process {collectives.rank} failed while writing its shard (see its "
+                    "traceback)"), exc
+        return _write_failure(root, step, cause, drop_staging=collectives.is_main), None
+    return None, None
 
 
-def _write_failure(root: Path, step: int, exc: Exception) -> str:
-    """The one-line message for a checkpoint that could not be written; the staging folder is dropped."""
-    shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
+def _write_failure(root: Path, step: int, exc: BaseException, drop_staging: bool = True) -> str:
+    """The one-line message for a checkpoint that could not be written; the staging folder is dropped (by the main
+    process: the others leave it to it)."""
+    if drop_staging:
+        shutil.rmtree(root / f".staging-step-{step}", ignore_errors=True)
     latest = _read_latest(root)
     kept = f"checkpoints/{latest} is kept" if latest else "no earlier checkpoint exists"
-    if isinstance(exc, OSError) and exc.strerror:
-        reason = exc.strerror + (f" while writing {Path(exc.filename).name}" if exc.filename else "")
-    else:
-        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    reason = failure_reason(exc)
     return (
         f"checkpoint step-{step} could not be written ({reason}); {kept}; fix the cause (e.g. free disk "
         "space) and run again with resume_from_checkpoint=latest"
@@ -233,11 +211,11 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
             hf_logging.enable_progress_bar()
     fault_point("save:model", step)
     if not engine_kind(accelerator):  # sharded runs wrote theirs into sharded/
-        _save_plain(trainer.optimizer.state_dict(), staging / "optimizer.pt")
+        save_plain(trainer.optimizer.state_dict(), staging / "optimizer.pt")
     fault_point("save:optimizer", step)
-    _save_plain(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
+    save_plain(trainer.lr_scheduler.state_dict(), staging / "scheduler.pt")
     trainer_state = {"trainer": run_state, "accelerator_step": int(accelerator.step)}
-    _save_plain(trainer_state, staging / "trainer_state.pt")
+    save_plain(trainer_state, staging / "trainer_state.pt")
     write_manifest(staging, step, {
         "format": FORMAT_VERSION,
         "episode": int(run_state["episode"]),
@@ -247,14 +225,14 @@ def _write_and_commit(trainer: Checkpointable, root: Path, step: int, run_state:
         "world_size": accelerator.num_processes,
         "versions": library_versions(),
     })
-    _fsync_tree(staging)
+    fsync_tree(staging)
     fault_point("save:before-rename", step)
     aside = root / f".replaced-step-{step}"
     if final.exists():  # an older copy of this step (a resumed run redoing it): move it aside, drop it after
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final, aside)
     os.replace(staging, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     fault_point("save:renamed", step)
     _write_latest(root, final.name)
     shutil.rmtree(aside, ignore_errors=True)
@@ -317,7 +295,7 @@ def _write_latest(root: Path, name: str) -> None:
     with tmp.open("rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def _step_of(folder: Path) -> int:
