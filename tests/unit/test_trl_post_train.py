@@ -13,8 +13,9 @@ from transformers import TrainerState
 from transformers.trainer_utils import TrainOutput
 
 from tests.helpers import distinct, make_grpo_trainer, make_rloo_trainer
+from training_wizard.core.losses import clipped_surrogate_sequence
 from training_wizard.errors import UserError
-from training_wizard.trainers.rloo import clip_ratios
+from training_wizard.trainers.rloo import RLOOTrainer, clip_ratios
 from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.trl_metrics import completion_metrics, reward_metrics, tokens_read
 from training_wizard.tracking.metrics import read_metrics
@@ -60,6 +61,27 @@ def test_rloo_clip_ratios_count_clipped_completions_by_advantage_sign():
     ratio, advantages = torch.tensor([0.5, 0.5, 1.5, 1.0]), torch.tensor([-1.0, 1.0, 1.0, 1.0])
     shares = clip_ratios(ratio, advantages, torch.ones(4, 3, dtype=torch.bool), config)
     assert [float(shares[f"clip_ratio/{name}_mean"]) for name in ("low", "high", "region")] == [0.25, 0.25, 0.5]
+
+
+def test_rloo_clip_ratios_count_a_truncated_completion_as_unclipped_like_trl():
+    """TRL 1.16's mask_truncated_completions zeroes the row's completion_mask: its ratio is exp(0 - 0) = 1, never
+    clipped, and its row stays in the gathered nanmean's denominator."""
+    config = SimpleNamespace(cliprange=0.2, epsilon_high=None)
+    mask = torch.tensor([[True, True], [False, False]])
+    logprobs = torch.tensor([[-1.0, -1.0], [-3.0, -0.5]])
+    out = clipped_surrogate_sequence(logprobs, logprobs + 0.5, torch.tensor([-1.0, -1.0]), mask, 0.2)
+    assert out.ratio.tolist() == pytest.approx([math.exp(-1.0), 1.0])
+    shares = clip_ratios(out.ratio, torch.tensor([-1.0, -1.0]), mask, config)
+    assert float(shares["clip_ratio/low_mean"]) == float(shares["clip_ratio/region_mean"]) == 0.5
+
+
+def test_rloo_frac_reward_zero_std_compares_rewards_after_the_kl_penalty():
+    """TRL 1.16's RLOO takes the group std of score - beta * kl: equal scores with unequal KL are not a zero std."""
+    rollout = SimpleNamespace(scores=torch.tensor([1.0, 1.0, 2.0, 3.0]), group_ids=torch.tensor([0, 0, 1, 1]))
+    shaped = SimpleNamespace(rlhf_reward=torch.tensor([0.9, 0.8, 2.5, 2.5]), scored=None)
+    assert RLOOTrainer.reward_std_is_zero(None, rollout, shaped).tolist() == [False, False, True, True]
+    lone = SimpleNamespace(rlhf_reward=shaped.rlhf_reward, scored=torch.tensor([True, False, True, True]))
+    assert RLOOTrainer.reward_std_is_zero(None, rollout, lone).tolist() == [False, False, True, True]
 
 
 def test_the_token_count_is_part_of_a_checkpoint():

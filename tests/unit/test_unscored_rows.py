@@ -162,3 +162,7 @@ def test_rloo_normalize_advantage_leaves_a_lone_scored_row_out(token_level_kl):
     assert advantages.tolist() == pytest.approx(expected.tolist(), rel=1e-6)
     if token_level_kl:
         assert (out.advantages == out.advantages[:, :1]).all()  # no KL: every token carries the row's advantage
+        with_kl = rloo_shaped_rewards(scores, torch.linspace(-1.0, -0.2, 24).reshape(8, 3), logprobs,
+                                      torch.ones(8, 3, dtype=torch.bool), RLOOShaping(4, 0.05, token_level_kl=True),
+                                      group_ids, scored=scored)
+        assert (with_kl.advantages[3:] == 0).all() and (with_kl.advantages[:3] != 0).any()  # KL parts zeroed too

@@ -199,8 +199,7 @@ def rloo_shaped_rewards(
     token level). mask_truncated_completions (needs has_stop (B,) bool) sets loss_mask: the response mask without
     the completions that have no stop token; their rewards still enter the baselines.
     `scored` (B,) bool (`scored_rows`): rows no reward scored are left out of the baselines and of every batch
-    statistic, and get advantage 0 (TRL 1.16); they stay in the loss mask, as in TRL. A scored row with no scored
-    sibling gets advantage 0 too and is left out of normalize_advantage's statistics (TRL's NaN advantage).
+    statistic, and get advantage 0 (TRL 1.16), as does a lone scored row in its group; they stay in the loss mask.
     """
     kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
     scores = clipped_scores(scores, options, moments, scored)

@@ -8,6 +8,7 @@ from accelerate import Accelerator
 from training_wizard.core.advantages import (
     RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards, scored_rows,
 )
+from training_wizard.core.grpo import group_advantages
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
@@ -68,6 +69,13 @@ class RLOOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrai
             scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
 
+    def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> torch.Tensor:
+        """(B,) bool: the row's group has equal rewards after the KL penalty, over its scored rows. TRL 1.16's RLOO
+        takes its `frac_reward_zero_std` from the nanstd of score - beta * kl, the reward its baselines use (ours:
+        `rlhf_reward`), so with kl_coef != 0 a group is rarely counted; a group with fewer than two scored rows has
+        no standard deviation, so it is not counted as zero."""
+        return group_advantages(shaped.rlhf_reward.float(), rollout.group_ids, scored=shaped.scored)[1]
+
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
                          forward: PolicyForward, step_totals=None) -> MicroBatchLoss:
         return rloo_loss(rows, shaped, forward, self.config)
@@ -95,7 +103,9 @@ def clip_ratios(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
                 config: RLOOConfig) -> dict[str, torch.Tensor]:
     """TRL's clip_ratio/* of one micro-batch: the share of ratios below 1 - cliprange with a negative advantage
     (low), above 1 + epsilon_high with a positive one (high), and either (region); over completions for the
-    sequence-level loss, over loss tokens for the token-level one. ratio, advantages: (B,) or (B, T)."""
+    sequence-level loss, over loss tokens for the token-level one. ratio, advantages: (B,) or (B, T). A completion
+    mask_truncated_completions took out has ratio 1 and still counts, unclipped, among the completions: TRL 1.16
+    zeroes its completion_mask and keeps its row in the mean."""
     high_bound = 1 + (config.epsilon_high if config.epsilon_high is not None else config.cliprange)
     low = (ratio < 1 - config.cliprange) & (advantages < 0)
     high = (ratio > high_bound) & (advantages > 0)

@@ -3,8 +3,8 @@
 TRL 1.16 marks such a completion's reward NaN: it leaves its group's baseline with advantage 0 (core/grpo.py,
 core/advantages.py take `ShapedRewards.scored` for that), and its nanmean / nanstd leave it out of the logged
 `reward` and `reward_std`. The shared metrics average every row's score, so this mixin takes the unscored rows out
-of `objective/scores`, `reward` and `reward_std`, and of RLOO's `frac_reward_zero_std`. An iteration in which
-every row was scored keeps the shared values exactly as they are.
+of `objective/scores`, `reward` and `reward_std` (each trainer's `reward_std_is_zero` leaves them out of
+`frac_reward_zero_std`). An iteration in which every row was scored keeps the shared values exactly as they are.
 """
 
 from __future__ import annotations
@@ -13,17 +13,11 @@ import math
 
 import torch
 
-from training_wizard.core.grpo import group_advantages
 from training_wizard.rollout.trajectory import TrajectoryBatch
 
 
 class ScoredRowsMetrics:
     """Mixed into a trainer before TRLMetrics: score metrics over the rows a reward scored (`shaped.scored`)."""
-
-    def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped) -> torch.Tensor:
-        """(B,) bool: the row's group scored its scored completions alike (TRL's nanstd; a group with fewer than
-        two scored rows has no standard deviation, so it is not counted as zero)."""
-        return group_advantages(rollout.scores.float(), rollout.group_ids, scored=shaped.scored)[1]
 
     def _iteration_metrics(self, rollout: TrajectoryBatch, shaped, *args, **kwargs) -> dict:
         metrics = super()._iteration_metrics(rollout, shaped, *args, **kwargs)

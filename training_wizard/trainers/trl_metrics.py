@@ -57,8 +57,8 @@ def tokens_read(collectives, device, rollout: TrajectoryBatch) -> int:
 
 def reward_metrics(collectives, device, rollout: TrajectoryBatch, std_is_zero: torch.Tensor,
                    kl_sum: torch.Tensor | None) -> dict[str, float]:
-    """TRL's `reward` (mean score), `reward_std` (unbiased, over every process), `frac_reward_zero_std` (share of
-    completions whose group's scores are all equal) and, when `kl_sum` (each row's KL summed over its tokens) is
+    """TRL's `reward` (mean score), `reward_std` (unbiased, over every process), `frac_reward_zero_std` (the share
+    of completions marked in `std_is_zero`: the trainer's `reward_std_is_zero`) and, when `kl_sum` (each row's KL summed over its tokens) is
     given, `kl` as TRL's token mean over every process's loss tokens; one all-reduce for all of them."""
     scores = rollout.scores.double()
     kl = kl_sum.double().sum() if kl_sum is not None else scores.new_tensor(0.0)
@@ -84,7 +84,8 @@ class TRLMetrics:
     trl_step_time = 0.0  # seconds per optimizer step of the last iteration
 
     def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped) -> torch.Tensor:
-        """(B,) bool: the row's group scored all its completions alike. GRPO's shaping has it already."""
+        """(B,) bool: the row's group scored all its completions alike. GRPO's shaping has it already; RLOO's
+        compares the rewards after the KL penalty, as TRL's RLOO does."""
         return group_advantages(rollout.scores.float(), rollout.group_ids)[1]
 
     def trl_kl_sum(self, shaped) -> torch.Tensor | None:
