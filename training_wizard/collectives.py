@@ -10,6 +10,7 @@ The trainer owns one `Collectives`; the rollout collector and the checkpoint cod
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -87,6 +88,19 @@ class Collectives:
         if self.single:
             return tensor
         return self.accelerator.gather(tensor.to(self.device).contiguous())
+
+    def gather_json(self, obj: Any) -> list[Any]:
+        """Every process's `obj` (a JSON value: dicts with string keys, lists, numbers, strings), in rank order; one
+        process: `[obj]`. Its JSON bytes are zero-padded to the widest process's (a zero byte is never part of JSON
+        text): two small collectives (`max_int`, `gather`) whatever the size, and no pickle crosses processes."""
+        if self.single:
+            return [obj]
+        payload = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8)
+        width = self.max_int(payload.numel())
+        padded = torch.zeros(width, dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        rows = self.gather(padded).view(-1, width).cpu()
+        return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in rows]
 
     def on_global_batch(self, fn: Callable[..., torch.Tensor], values: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
         """`fn` applied to the global batch (every process's rows), then this process's rows of the result.

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import make_grpo_trainer, make_rloo_trainer
+from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
 from training_wizard.specs.reward import CallableRewardSpec
 from training_wizard.specs.reward_objects import RewardObjectsSpec
@@ -66,9 +67,10 @@ def test_a_log_extra_column_without_one_value_per_completion_is_one_line(tokeniz
                                  "for 8 completions; give one value per completion")
 
 
-class RecordedProcess:
+class RecordedProcess(Collectives):
     """Collectives of one process of two, run one after the other: the first run records what its process sends,
-    the second receives it as the other process's part. `width`: the agreed payload width."""
+    the second receives it as the other process's part. `width`: the agreed payload width. Its `gather_json`
+    is the real one, over these two collectives."""
 
     single = False
 
@@ -122,3 +124,17 @@ def test_a_reward_that_cannot_log_costs_no_collective():
     asked = RecordedProcess(64)
     reward_log_metrics(asked, logs, {}, RewardObjectsSpec(reward_funcs=[logging_length]))
     assert asked.calls == ["max_int", "gather"]
+
+
+def test_a_logged_value_json_cannot_hold_is_written_as_its_text(tmp_path):
+    keyed = {(1, 2): 0.5}
+    SampleTable(tmp_path).record(1, 8, ["q"], ["r"], [0.5], columns={"pairs": [keyed], "kind": [{1, 2}],
+                                                                      "plain": [{"a": [1, None]}]})
+    (row,) = samples(tmp_path)
+    assert row["pairs"] == str(keyed) and row["kind"] == "{1, 2}" and row["plain"] == {"a": [1, None]}
+
+
+def test_gather_json_on_one_process_is_the_object_itself():
+    alone = Collectives(types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True, device="cpu"))
+    payload = {"a": [1.0, 2]}
+    assert alone.gather_json(payload) == [payload]

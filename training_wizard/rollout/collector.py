@@ -334,12 +334,13 @@ class RolloutCollector:
         """The reward spec's (totals, components, logs) of this process's rows. A reward error on any process
         stops every process with its message; a stop signal while it runs stops all of them together."""
         label = f"reward {type(self.reward).__name__}"
-        error, stopped, totals, components, logs = None, False, [], {}, FunctionLogs()
+        error, stopped, totals, components = None, False, [], {}
+        logs = FunctionLogs()  # this call's own: the producer thread and the training thread share the spec
         try:
             totals, components = call_with_timeout(
-                lambda: self.reward.score(queries, completions, columns, step=step),
+                lambda: self.reward.score_logging(queries, completions, columns, logs, step=step),
                 self.settings.reward_timeout, label, step, "training.reward_timeout")
-            logs = checked_logs(self.reward.take_logs(), len(completions), label, step)
+            checked_logs(logs, len(completions), label, step)
         except UserError as exc:
             error = str(exc)
         except StoppedWhileWaiting:

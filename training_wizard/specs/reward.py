@@ -45,12 +45,6 @@ class FunctionLogs:
     def log_metric(self, name: str, value: float) -> None:
         self.metrics.setdefault(name, []).append(float(value))
 
-    def merge(self, other: FunctionLogs) -> None:
-        for column, values in other.columns.items():
-            self.log_extra(column, values)
-        for name, values in other.metrics.items():
-            self.metrics.setdefault(name, []).extend(values)
-
 
 class RewardSpec(Spec):
     """Base class: subclasses implement `compute_reward`; composite rewards also override `compute_components`."""
@@ -92,10 +86,20 @@ class RewardSpec(Spec):
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         raise NotImplementedError
 
-    def take_logs(self) -> FunctionLogs:
-        """What the last `score` call's reward functions logged (`log_extra`, `log_metric`), handed over once:
-        the trainer adds the columns to the sample table and the metrics to metrics.jsonl. Empty by default."""
-        return FunctionLogs()
+    def score_logging(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, list[Any]],
+        logs: FunctionLogs,
+        step: int = 0,
+        label: str | None = None,
+    ) -> tuple[list[float], dict[str, list[float]]]:
+        """`score`, adding what the reward's functions log (`log_extra`, `log_metric`) to `logs`, which belongs to
+        this call alone: the async producer thread and the training thread (sample probes, evaluation) score with
+        one spec at once, so the spec keeps no logs of its own. The trainer adds the columns to the sample table
+        and the metrics to metrics.jsonl. A reward whose class does not override it logs nothing."""
+        return self.score(prompts, completions, columns, step, label)
 
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any
@@ -345,12 +349,6 @@ class MultiRewardSpec(RewardSpec):
     def uses_trl_inputs(self) -> bool:
         return any(component.spec.uses_trl_inputs() for component in self.components.values())
 
-    def take_logs(self) -> FunctionLogs:
-        logs = FunctionLogs()
-        for component in self.components.values():
-            logs.merge(component.spec.take_logs())
-        return logs
-
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any
     ) -> tuple[list[float], dict[str, list[float]]]:
@@ -364,23 +362,29 @@ class MultiRewardSpec(RewardSpec):
         step: int = 0,
         label: str | None = None,
     ) -> tuple[list[float], dict[str, list[float]]]:
-        return self.score_at(prompts, completions, columns, step, label, path=())
+        return self.score_at(prompts, completions, columns, step, label, path=(), logs=FunctionLogs())
+
+    def score_logging(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
+                      logs: FunctionLogs, step: int = 0, label: str | None = None
+                      ) -> tuple[list[float], dict[str, list[float]]]:
+        return self.score_at(prompts, completions, columns, step, label, path=(), logs=logs)
 
     def score_at(
         self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], step: int,
-        label: str | None, path: tuple[str, ...],
+        label: str | None, path: tuple[str, ...], logs: FunctionLogs,
     ) -> tuple[list[float], dict[str, list[float]]]:
         """`score` for the MultiRewardSpec at `path` inside an outer one (() at the top): errors name the
-        component by its dotted path, e.g. component 'quality.novelty'."""
+        component by its dotted path, e.g. component 'quality.novelty'. What every component logs goes to `logs`."""
         logged: dict[str, list[float]] = {}
         parts: list[tuple[str, float, list[float]]] = []
         for name, component in self.components.items():
             full = ".".join((*path, name))
             if isinstance(component.spec, MultiRewardSpec):
                 values, nested = component.spec.score_at(prompts, completions, columns, step,
-                                                         f"component '{full}'", (*path, name))
+                                                         f"component '{full}'", (*path, name), logs)
             else:
-                values, nested = component.spec.score(prompts, completions, columns, step, label=f"component '{full}'")
+                values, nested = component.spec.score_logging(prompts, completions, columns, logs, step,
+                                                              label=f"component '{full}'")
             logged[name] = values
             logged.update({f"{name}.{k}": v for k, v in nested.items()})
             parts.append((full, component.weight, standardize(values) if component.normalize else values))

@@ -13,7 +13,8 @@ Each function is called by keyword, as TRL's GRPOTrainer calls it:
 - `columns`: the dataset row's other columns, plus `completion_has_eos`.
 
 TRL 1.16 also passes `log_extra(column, values)` (a column of the sample table, one value per completion) and
-`log_metric(name, value)` (a scalar metric logged under `name`, averaged): so do we (`RewardSpec.take_logs`).
+`log_metric(name, value)` (a scalar metric logged under `name`, averaged): so do we, into the store each
+`score_logging` call is given (`RewardSpec.score_logging`).
 
 A function may return None for a completion it does not score: the weighted sum then leaves it out for that
 completion (TRL's nansum). A completion no function scored totals 0 (every component NaN marks it): one warning
@@ -70,7 +71,6 @@ class RewardFunctionsSpec(RewardSpec):
         None, description="One weight per function, in the order of reward_funcs; default: 1.0 each."
     )
     _models: dict[str, Any] = PrivateAttr(default_factory=dict)  # the reward models named, loaded once
-    _logs: FunctionLogs = PrivateAttr(default_factory=FunctionLogs)  # what the last score call's functions logged
 
     @field_validator("reward_funcs")
     @classmethod
@@ -109,10 +109,6 @@ class RewardFunctionsSpec(RewardSpec):
     def compute_reward(self, prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
         return self.score(prompts, completions, columns)[0]
 
-    def take_logs(self) -> FunctionLogs:
-        logs, self._logs = self._logs, FunctionLogs()
-        return logs
-
     def compute_components(
         self, prompts: list[str], completions: list[str], **columns: Any
     ) -> tuple[list[float], dict[str, list[float]]]:
@@ -126,12 +122,18 @@ class RewardFunctionsSpec(RewardSpec):
         step: int = 0,
         label: str | None = None,
     ) -> tuple[list[float], dict[str, list[float]]]:
-        """(weighted totals, {function name: values with NaN where it returned None})."""
+        """(weighted totals, {function name: values with NaN where it returned None}); what the functions log is
+        dropped (`score_logging` keeps it)."""
+        return self.score_logging(prompts, completions, columns, FunctionLogs(), step, label)
+
+    def score_logging(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
+                      logs: FunctionLogs, step: int = 0, label: str | None = None
+                      ) -> tuple[list[float], dict[str, list[float]]]:
+        """`score`, with what the functions log through `log_extra` and `log_metric` added to `logs`."""
         functions = self.functions()
         trl_prompts, trl_completions, rest = trl_inputs(prompts, completions, columns)
         state = RewardTrainerState(global_step=iterations_before(step))
         labels = {name: f"{label}, function '{name}'" if label else f"function '{name}'" for name in functions}
-        self._logs = logs = FunctionLogs()
         passed = {"trainer_state": state, "log_extra": logs.log_extra, "log_metric": logs.log_metric}
 
         def call(fn: Callable[..., Any]) -> Callable[[list, list, dict], Any]:

@@ -46,15 +46,14 @@ class SampleTable:
         with self.path.open("a", encoding="utf-8") as handle:
             for row, (query, response, score) in enumerate(zip(queries, responses, scores)):
                 parts = {name: _number_or_none(values[row]) for name, values in components.items()}
-                logged = {name: _number_or_none(values[row]) for name, values in columns.items()}
+                logged = {name: _json_or_text(_number_or_none(values[row])) for name, values in columns.items()}
                 record: dict[str, Any] = {
                     "step": step, "episode": episode, "query": query, "response": response, "score": score,
                     **{f"rewards/{name}": value for name, value in parts.items()},
                     **logged,
                     **({"probe": True} if probe else {}),
                 }
-                # default=str: a logged value JSON cannot hold (a sympy number, a tuple key) is written as its text
-                handle.write(json.dumps(record, default=str) + "\n")
+                handle.write(json.dumps(record) + "\n")
                 shown = ("-" if value is None else f"{value:.4f}" for value in parts.values())
                 texts = ("-" if value is None else str(value) for value in logged.values())
                 table.add_row(query, response, f"{score:.4f}", *shown, *texts)
@@ -64,6 +63,16 @@ class SampleTable:
 def _number_or_none(value: float) -> float | None:
     """None for NaN, which JSON cannot hold: a reward function in TRL's form returned None (it did not score)."""
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _json_or_text(value: Any) -> Any:
+    """`value` where JSON can hold it, else its str(): a logged value may be anything (a sympy number, a dict with
+    tuple keys, which json.dumps refuses even with a `default`), and one odd value must not end the run."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+    return value
 
 
 class PromptLog:

@@ -5,10 +5,7 @@ each column beside the query and the response in the sample table, one value per
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
-
-import torch
 
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.specs.reward import RewardSpec
@@ -19,13 +16,14 @@ def reward_log_metrics(collectives, rollout: TrajectoryBatch, taken: Mapping[str
     """{name: mean of every value logged under it on every process}, by sorted name, leaving out the names in
     `taken` (the trainer's own metrics keep their meaning). Every process calls it once per iteration, with or
     without metrics of its own: a function may log a name on some processes only, so the names travel with the
-    values (`_gathered_totals`) and no process waits in a collective another one skipped. A `reward` that never
-    logs (a reward model, a spec without `take_logs` of its own: the same on every process) costs no collective."""
+    values (`Collectives.gather_json`) and no process waits in a collective another one skipped. A `reward`
+    that never logs (a reward model, a spec without `score_logging` of its own: the same on every process) costs
+    no collective."""
     if reward is not None and not can_log(reward):
         return {}
     totals: dict[str, list[float]] = {}
-    for local in _gathered_totals(collectives, {name: [sum(values), len(values)]
-                                                for name, values in rollout.logged_metrics.items()}):
+    for local in collectives.gather_json({name: [sum(values), len(values)]
+                                             for name, values in rollout.logged_metrics.items()}):
         for name, (total, count) in local.items():
             summed = totals.setdefault(name, [0.0, 0])
             summed[0] += total
@@ -35,21 +33,8 @@ def reward_log_metrics(collectives, rollout: TrajectoryBatch, taken: Mapping[str
 
 
 def can_log(reward: Any) -> bool:
-    """Whether the trainer's reward can hand over logs: a RewardSpec whose class has its own `take_logs`."""
-    return isinstance(reward, RewardSpec) and type(reward).take_logs is not RewardSpec.take_logs
-
-
-def _gathered_totals(collectives, local: dict[str, list[float]]) -> list[dict[str, list[float]]]:
-    """Every process's `local` (one process: only its own), as JSON bytes of one width, the widest process's:
-    two small collectives per iteration, however many metrics there are."""
-    if collectives.single:
-        return [local]
-    payload = torch.tensor(list(json.dumps(local).encode()), dtype=torch.uint8)
-    width = collectives.max_int(payload.numel())
-    padded = torch.zeros(width, dtype=torch.uint8)  # a zero byte is never part of JSON text
-    padded[: payload.numel()] = payload
-    rows = collectives.gather(padded).view(-1, width).cpu()
-    return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in rows]
+    """Whether the trainer's reward can hand over logs: a RewardSpec whose class has its own `score_logging`."""
+    return isinstance(reward, RewardSpec) and type(reward).score_logging is not RewardSpec.score_logging
 
 
 def record_samples(samples, state, rollout: TrajectoryBatch, rows: int, probe: bool = False):
