@@ -20,8 +20,8 @@ from training_wizard.checkpoint import (
 )
 from training_wizard.errors import UserError
 from training_wizard.run_folder import (
-    check_restart, claim_new_run, changed_settings, continues_the_run_in, refuse_user_files, run_identity,
-    training_settings, write_run_identity, written_by_a_run,
+    RUN_IDENTITY_FILE, check_restart, claim_new_run, changed_settings, continues_the_run_in, refuse_user_files,
+    run_identity, training_settings, write_run_identity, written_by_a_run,
 )
 from training_wizard.sharding import engine_kind
 
@@ -49,31 +49,32 @@ def start_run(trainer, resume_from: str | None, say: Callable[[str], None]) -> N
 
 @contextlib.contextmanager
 def undone_if_it_stops_before_training(trainer):
-    """Around `train()`: a new run that stops with a user error before it logged an iteration or committed a
+    """Around `train()`: a new run that stops with a user error before it finished an iteration or saved a
     checkpoint (a broken environment, reward or server found in the first episodes) removes the run files it
     wrote (run.json, resolved_config.toml, empty logs), so the corrected recipe starts in the same output_dir
-    without `resume_from_checkpoint`. Anything that holds a trained iteration is kept."""
+    without `resume_from_checkpoint`. The trainer's own counters decide, not the files: with logging_steps > 1
+    a trained iteration may not be logged yet. Anything that holds a trained iteration is kept."""
+    iteration, saved = trainer.state.iteration, trainer.last_saved_step
     try:
         yield
     except UserError:
-        output_dir = Path(trainer.config.output_dir)
-        if getattr(trainer, "started_as_a_new_run", False) and trainer.accelerator.is_main_process \
-                and not _trained_anything(output_dir):
-            for name in written_by_a_run(output_dir):
-                path = output_dir / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        trained = trainer.state.iteration != iteration or trainer.last_saved_step != saved
+        if getattr(trainer, "started_as_a_new_run", False) and trainer.accelerator.is_main_process and not trained:
+            _remove_run_files(Path(trainer.config.output_dir))
         raise
 
 
-def _trained_anything(output_dir: Path) -> bool:
-    """Whether the run logged an iteration (a metrics record) or wrote a checkpoint, a final model or a report."""
-    metrics = output_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
-        return True
-    checkpoints = output_dir / "checkpoints"
-    if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        return True
-    return any((output_dir / name).exists() for name in ("model", "report.html"))
+def _remove_run_files(output_dir: Path) -> None:
+    """Delete the files this run wrote, run.json last: a deletion that fails (an OSError) stops there and leaves
+    run.json, so what is left still reads as a run's files (never as a user's), and the run's own error line is
+    the one shown."""
+    names = sorted(written_by_a_run(output_dir), key=lambda name: name == RUN_IDENTITY_FILE)
+    for name in names:
+        path = output_dir / name
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        except OSError:
+            return
 
 
 def take_output_dir(trainer, resume_from: str | None = None) -> None:
