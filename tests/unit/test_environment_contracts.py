@@ -264,30 +264,34 @@ def test_a_recipe_with_tools_and_no_factory_plays_episodes(tiny_model_dir, tmp_p
     assert "tools/call_frequency" in read_metrics(tmp_path / "out")[0]
 
 
-def test_eval_builds_and_resets_the_environment_before_it_generates(tiny_model_dir, tmp_path, capsys):
-    """`training-wizard eval` plays episodes as training does: a reset that breaks its contract is its one line at
-    --dry-run too, before any model loads."""
-    from training_wizard.cli import main
-
-    data = tmp_path / "held_out.jsonl"
-    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "Hi."}]}) + "\n", encoding="utf-8")
-    recipe = tmp_path / "eval.toml"
+def write_eval_recipe(folder, model_dir, rows: list[dict], environment: str):
+    """An eval recipe (one metric, no judge) over `rows`, with the [environment] table `environment`."""
+    data = folder / "held_out.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    recipe = folder / "eval.toml"
     recipe.write_text(f"""\
 recipe_class = "evaluate"
-output_dir = "{tmp_path / 'eval'}"
+output_dir = "{folder / 'eval'}"
 
 [prompts]
 data_files = "{data}"
 
 [candidate]
-pretrained_name = "{tiny_model_dir}"
+pretrained_name = "{model_dir}"
 
 [metrics.ends]
 spec_class = "training_wizard.specs.text_metrics.EosRewardSpec"
 
-[environment]
-factory = "{HERE}:ResetDict"
-protocol = "text"
-""", encoding="utf-8")
+{environment}""", encoding="utf-8")
+    return recipe
+
+
+def test_eval_builds_and_resets_the_environment_before_it_generates(tiny_model_dir, tmp_path, capsys):
+    """`training-wizard eval` plays episodes as training does: a reset that breaks its contract is its one line at
+    --dry-run too, before any model loads."""
+    from training_wizard.cli import main
+
+    recipe = write_eval_recipe(tmp_path, tiny_model_dir, [{"prompt": [{"role": "user", "content": "Hi."}]}],
+                               f'[environment]\nfactory = "{HERE}:ResetDict"\nprotocol = "text"\n')
     assert main([str(recipe), "--dry-run"]) == 2
     assert f"{HERE}:ResetDict.reset must return the text to append to the prompt" in one_line_error(capsys)

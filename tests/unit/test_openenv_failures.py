@@ -138,6 +138,16 @@ def test_a_url_of_another_scheme_is_one_line(url):
         in message and repr(url) in message
 
 
+def test_an_upper_case_scheme_is_the_lower_case_one():
+    """Schemes are case-insensitive (RFC 3986): OpenEnv's client and the /health probe get the lower-case one."""
+    from training_wizard.envs.openenv_url import checked_url, http_url, reach_server
+
+    assert checked_url("WS://example.org:8000") == "ws://example.org:8000"
+    assert http_url("WSS://example.org") == "https://example.org" and http_url("HTTP://h") == "http://h"
+    with health_only_server() as url:
+        reach_server(url.replace("http://", "WS://"), timeout=5)  # answered: no error
+
+
 def test_an_ftp_url_stops_the_run_in_one_line(tiny_model_dir, tmp_path, capsys):
     pytest.importorskip("openenv")
     assert run(tmp_path, tiny_model_dir, openenv_tables("ftp://127.0.0.1:21")) == 2

@@ -11,6 +11,7 @@ import pytest
 
 from tests.unit import test_tool_episodes as tool_episodes
 from tests.unit.test_tool_episodes import Calculator, call, make, rows_of, tool_part
+from training_wizard.errors import UserError
 from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.episode_start import EMPTY_PROMPT, environment_rows
 from training_wizard.rollout.tools import ToolCall, call_tool
@@ -119,6 +120,6 @@ def test_rows_for_an_environment_that_supplies_the_prompt():
     assert environment_rows([{"environment": "a"}], {"a": Calculator}, 2) == [
         {"environment": "a", "prompt": list(EMPTY_PROMPT)}]
     rows = [{"prompt": "Hi"}]
-    assert environment_rows(rows, Calculator, 2) is not None and environment_rows(rows, None, 2) is rows
-    with pytest.raises(Exception, match="train_dataset: required with a dict of environment factories"):
+    assert environment_rows(rows, Calculator, 2) == rows and environment_rows(rows, None, 2) is rows
+    with pytest.raises(UserError, match="train_dataset: required with a dict of environment factories"):
         environment_rows(None, {"a": Calculator}, 2)

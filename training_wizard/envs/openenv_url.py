@@ -25,12 +25,14 @@ REACHED_SERVERS: set[str] = set()
 
 def checked_url(url: Any) -> str:
     """The server's url if OpenEnv's client can use it: an http(s):// or ws(s):// address with a host (without a
-    scheme, http:// is meant); one line naming the key otherwise."""
+    scheme, http:// is meant), its scheme in lower case; one line naming the key otherwise."""
     if isinstance(url, str):
         scheme, separator, rest = url.partition("://")
         host = rest if separator else url
         if (not separator or scheme.lower() in URL_SCHEMES) and host.strip("/ "):
-            return url if separator else "http://" + url
+            # schemes are case-insensitive (RFC 3986, 3.1) but OpenEnv's client matches them in lower case only:
+            # it would turn WS://host into ws://WS://host
+            return scheme.lower() + "://" + rest if separator else "http://" + url
     raise UserError(f"{KEY}: expected the address of an OpenEnv server starting with "
                     f"{', '.join(scheme + '://' for scheme in URL_SCHEMES)}; got {url!r}")
 
@@ -57,4 +59,5 @@ def reach_server(url: str, timeout: float) -> None:
 def http_url(url: str) -> str:
     """The HTTP address of a server given as http(s):// or ws(s)://, or with no scheme."""
     scheme, separator, rest = url.partition("://")
+    scheme = scheme.lower()  # schemes are case-insensitive (RFC 3986, 3.1)
     return {"ws": "http", "wss": "https"}.get(scheme, scheme) + "://" + rest if separator else "http://" + url

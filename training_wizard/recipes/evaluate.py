@@ -106,6 +106,10 @@ class EvaluateRecipe(Recipe):
         set_seed(self.seed)
         console = Console()
         rows = self.prompts.load("prompts")
+        if self.environment is not None:  # rows without a prompt: the environment's reset supplies it, as in training
+            from training_wizard.rollout.episode_start import environment_rows
+
+            rows = environment_rows(rows, self.environment.load(), len(rows))
         validate_prompts(rows, "prompts")
         rows = list(rows)
         if self.reference_column is not None and self.reference_column not in rows[0]:

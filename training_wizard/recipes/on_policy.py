@@ -168,15 +168,27 @@ class OnPolicyRecipe(Recipe):
         super().check_can_start(config, accelerator, console)
         check_generation_can_start(accelerator, config)
         if self.environment is not None and train_rows is not None:
-            from training_wizard.rollout.episode_start import check_episodes_can_start
-
-            check_episodes_can_start(self.environment.load(), self.environment.settings(), self.reward is not None,
-                                     train_rows)
+            self.check_episodes_can_start_everywhere(accelerator, train_rows)
         from training_wizard.sharding import zero3_lora_warning
 
         warnings = [*config.start_warnings(), zero3_lora_warning(accelerator, self.model.lora is not None)]
         for warning in filter(None, warnings):
             console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+
+    def check_episodes_can_start_everywhere(self, accelerator, train_rows) -> None:
+        """Every process builds and resets an environment on the first row it serves (each plays its own episodes,
+        and an OpenEnv server may answer one process and not another); then all of them stop with the first error
+        any process found, so no process loads models and waits alone in a collective for one that has left."""
+        from training_wizard.collectives import Collectives
+        from training_wizard.rollout.episode_start import check_episodes_can_start
+
+        error = None
+        try:
+            check_episodes_can_start(self.environment.load(), self.environment.settings(), self.reward is not None,
+                                     train_rows)
+        except UserError as failure:
+            error = str(failure)
+        Collectives(accelerator).raise_if_any_failed(error)
 
     def finish_outputs(self, wall_seconds: float, console: Console) -> None:
         """After the final save (main process): the model card, plots and report.html, and the run's summary as the

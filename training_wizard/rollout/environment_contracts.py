@@ -9,6 +9,7 @@ raises and a text step that raises are messages to the model (environment_protoc
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -27,8 +28,11 @@ _STEP_SHAPES = {
 
 
 def qualified_name(target: Any) -> str:
-    """'package.module:Name' of a class or function (a factory bound to its factory_kwargs: the factory's)."""
+    """'package.module:Name' of a class or function (a factory bound to its factory_kwargs, or a
+    functools.partial: the function it calls)."""
     target = getattr(target, "__wrapped__", target)
+    if isinstance(target, functools.partial):
+        target = target.func
     module = getattr(target, "__module__", None)
     name = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}:{name}" if module else name
@@ -55,24 +59,38 @@ def raised(error: BaseException) -> str:
 def new_environment(factory: Callable[[], Any]) -> Any:
     """One environment from its factory (with its factory_kwargs, when the recipe gives them)."""
     name, kwargs = qualified_name(factory), dict(getattr(factory, "keywords", None) or {})
-    try:
-        signature = inspect.signature(getattr(factory, "__wrapped__", factory))
-    except (TypeError, ValueError):  # a builtin or an extension type: its own call says what is wrong
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(*getattr(factory, "args", ()), **kwargs)
-        except TypeError as error:
-            given = f"with factory_kwargs {kwargs}" if kwargs else "without arguments"
-            raise UserError(f"environment: {name} cannot be called {given} ({error}); it is called once per "
-                            "episode with [environment] factory_kwargs as its keyword arguments") from None
+    _check_callable_without_arguments(factory, name, kwargs)
     try:
         return factory()
     except UserError:  # an adapter's own check of its factory_kwargs (OpenEnv, reasoning-gym): already one line
         raise
     except Exception as error:  # noqa: BLE001 - the user's constructor: its bug stops the run in one line
-        arguments = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+        arguments = _arguments(getattr(factory, "args", ()), kwargs)
         raise UserError(f"environment: {name}({arguments}) raised {raised(error)}") from None
+
+
+def _check_callable_without_arguments(factory: Callable[[], Any], name: str, kwargs: dict[str, Any]) -> None:
+    """One line when the factory needs arguments it is not given. A factory bound to factory_kwargs (a partial
+    whose __wrapped__ is the user's factory) binds its arguments against that factory's signature; a plain
+    functools.partial's own signature has its bound arguments removed already, so nothing more is bound."""
+    wrapped = getattr(factory, "__wrapped__", None)
+    bound = (getattr(factory, "args", ()), kwargs) if wrapped is not None else ((), {})
+    try:
+        signature = inspect.signature(wrapped if wrapped is not None else factory)
+    except (TypeError, ValueError):  # a builtin, an extension type or a partial binding too much: its call says why
+        return
+    try:
+        signature.bind(*bound[0], **bound[1])
+    except TypeError as error:
+        given = f"with factory_kwargs {kwargs}" if kwargs else "without arguments"
+        if wrapped is None and isinstance(factory, functools.partial):
+            given = f"as its functools.partial binds it ({_arguments(factory.args, kwargs)})"
+        raise UserError(f"environment: {name} cannot be called {given} ({error}); it is called once per "
+                        "episode with [environment] factory_kwargs as its keyword arguments") from None
+
+
+def _arguments(args: tuple, kwargs: dict[str, Any]) -> str:
+    return ", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())])
 
 
 def checked_opening(environment: Any, opening: Any, row: int) -> str | None:

@@ -6,6 +6,7 @@ the check passes is what the run does.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable
 
 from training_wizard.errors import UserError
@@ -118,13 +119,27 @@ def check_episodes_can_start(environment_factory, settings, has_reward: bool, ro
     for row in _first_rows(factories, rows):
         columns = {key: value for key, value in dict(rows[row]).items() if key not in ("prompt", "input_ids")}
         _, environment = new_environment_for(factories, columns, row)
-        _, failure = reset_environment(environment, dict(rows[row]).get("prompt"), reset_columns(factories, columns),
-                                       row)
-        if failure is not None:
-            raise UserError(f"environment: dataset row {row}: {method_name(environment, 'reset')} could not start "
-                            f"an episode: {failure}")
-        if tools is not None:
-            tools.tools_of(environment)
+        try:
+            _, failure = reset_environment(environment, dict(rows[row]).get("prompt"),
+                                           reset_columns(factories, columns), row)
+            if failure is not None:
+                raise UserError(f"environment: dataset row {row}: {method_name(environment, 'reset')} could not "
+                                f"start an episode: {failure}")
+            if tools is not None:
+                tools.tools_of(environment)
+        finally:
+            close_environment(environment)
+
+
+def close_environment(environment: Any) -> None:
+    """The checked environment's `close()`, when it has one: an OpenEnv client holds its server's WebSocket
+    session open until it is closed, and the check's environment plays no episode. Episodes never call `close`
+    (TRL's do not either), so one that raises is ignored here rather than stopping a run or hiding the check's
+    own error."""
+    close = getattr(environment, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
 
 
 def _first_rows(factories: dict[str, Callable[[], Any]], rows) -> list[int]:
