@@ -260,10 +260,29 @@ def is_valid_checkpoint(folder: Path) -> bool:
     return checkpoint_problem(folder) is None
 
 
+# folder -> (name, size, mtime) of its files when they last verified in this process: the start checks and the
+# start itself both look for the checkpoint, and hashing a large one twice would cost minutes.
+_VERIFIED: dict[Path, tuple] = {}
+
+
+def _file_stats(folder: Path, names) -> tuple:
+    stats = [(name, (folder / name).stat()) for name in sorted({*names, MANIFEST})]
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
+def _verified_before(folder: Path, names) -> bool:
+    try:
+        return _VERIFIED.get(folder.resolve()) == _file_stats(folder, names)
+    except OSError:  # a file gone since: verify again, which names it
+        return False
+
+
 def checkpoint_problem(folder: Path) -> str | None:
     """Why `folder` is not a complete checkpoint (the first thing found), or None when it verifies."""
     try:
         files = read_manifest(folder)["files"]
+        if _verified_before(folder, files):
+            return None
         needed = [*REQUIRED_FILES]
         if not any(name.startswith(f"{SHARDED_STATE}/") for name in files):  # unsharded: the optimizer's file
             needed.append("optimizer.pt")
@@ -277,6 +296,7 @@ def checkpoint_problem(folder: Path) -> str | None:
                 return f"{name} is missing"
             if (folder / name).stat().st_size != entry["size"] or _sha256(folder / name) != entry["sha256"]:
                 return f"{name} differs from the size or sha256 its manifest records"
+        _VERIFIED[folder.resolve()] = _file_stats(folder, files)
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{MANIFEST} missing or unreadable ({type(exc).__name__})"

@@ -172,6 +172,18 @@ def _used_folder_error(folder: str | Path, found: list[str]) -> UserError:
 def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
     """`resume_from_checkpoint = "latest"` found no checkpoint: the run starts from the beginning, which is only
     right for an unfinished run of the same identity (killed before its first checkpoint)."""
+    refuse_finished_run(folder)
+    recorded = read_run_identity(folder)
+    if recorded is not None:
+        problem = identity_difference(recorded, identity)
+        if problem:
+            raise UserError(f"resume_from_checkpoint = \"latest\": '{folder}' belongs to another run ({problem}); "
+                            "choose another output_dir")
+
+
+def refuse_finished_run(folder: str | Path) -> None:
+    """`latest` with no checkpoint restarts the run: one line if `folder` holds a finished run's files (a final
+    model, a report), which starting over would write over."""
     finished = [name for name in written_by_a_run(folder) if name not in UNFINISHED_RUN_FILES]
     if finished:
         raise UserError(
@@ -179,12 +191,6 @@ def check_restart(folder: str | Path, identity: dict[str, Any]) -> None:
             f"run's files ({', '.join(finished)}); choose another output_dir (overwrite_output_dir = true with no "
             "resume_from_checkpoint deletes them first)"
         )
-    recorded = read_run_identity(folder)
-    if recorded is not None:
-        problem = identity_difference(recorded, identity)
-        if problem:
-            raise UserError(f"resume_from_checkpoint = \"latest\": '{folder}' belongs to another run ({problem}); "
-                            "choose another output_dir")
 
 
 def read_run_identity(folder: str | Path) -> dict[str, Any] | None:

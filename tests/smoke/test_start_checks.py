@@ -70,3 +70,42 @@ def test_a_second_ctrl_c_is_one_line_and_exit_130(recipe, monkeypatch, capsys):
     assert main([str(recipe)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("training-wizard: stopped by a second SIGINT"), err
+
+
+def _listing(folder):
+    return sorted((str(path.relative_to(folder)), path.stat().st_size) for path in folder.rglob("*"))
+
+
+def _one_error_line(capsys, argv, expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    return err[0]
+
+
+def test_dry_run_refuses_another_runs_folder_as_the_run_does_writing_nothing(recipe, capsys):
+    run = recipe.parent / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"trainer": "training_wizard.trainers.grpo.GRPOTrainer",
+                                              "files": ["run.json", "metrics.jsonl"]}))
+    (run / "metrics.jsonl").write_text(json.dumps({"episode": 4, "loss/policy_avg": 0.1}) + "\n")
+    before = _listing(run)
+    expected = f"output_dir: '{run}' holds another run's files (run.json, metrics.jsonl)"
+    dry = _one_error_line(capsys, [str(recipe), "--dry-run"], expected)
+    assert _listing(run) == before
+    assert _one_error_line(capsys, [str(recipe)], expected) == dry
+
+
+def test_dry_run_resuming_latest_over_checkpoints_none_of_which_verifies_is_one_line(recipe, capsys):
+    run = recipe.parent / "run"
+    step = run / "checkpoints" / "step-2"
+    (step / "model").mkdir(parents=True)
+    for name in ("model/model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.pt"):
+        (step / name).write_bytes(b"cut short")
+    files = {name: {"size": 9, "sha256": "0" * 64} for name in ("model/model.safetensors", "optimizer.pt",
+                                                                "scheduler.pt", "trainer_state.pt")}
+    (step / "manifest.json").write_text(json.dumps({"step": 2, "files": files}))
+    before = _listing(run)
+    _one_error_line(capsys, [str(recipe), 'resume_from_checkpoint="latest"', "--dry-run"],
+                    "holds 1 checkpoint and none verifies (the newest, step-2: model/model.safetensors differs")
+    assert _listing(run) == before

@@ -93,6 +93,21 @@ class Recipe(Spec):
         refuse_user_files(self.output_dir)
         check_trackers_installed(config.report_to)
         check_hub_reachable(config)
+        self.check_output_dir_can_be_taken(accelerator)
+
+    def check_output_dir_can_be_taken(self, accelerator) -> None:
+        """What `start` checks before it takes output_dir, read-only: a new run without overwrite_output_dir finds
+        no other run's files there; a resume finds a checkpoint that verifies (hashed on the main process, which
+        `start` does not repeat), or with "latest" and none yet, no finished run's files. Whether the checkpoint's
+        trainer and model are this run's needs the built trainer: `start` checks that before it loads anything."""
+        from training_wizard.checkpoint import find_checkpoint
+        from training_wizard.run_folder import continues_the_run_in, refuse_finished_run, refuse_used_folder
+
+        resume = self.resume_from_checkpoint
+        if not continues_the_run_in(self.output_dir, resume) and not self.overwrite_output_dir:
+            refuse_used_folder(self.output_dir)
+        if resume and accelerator.is_main_process and find_checkpoint(self.output_dir, resume) is None:
+            refuse_finished_run(self.output_dir)
 
     def prepare_output(self, accelerator) -> None:
         """Before any model loads (main process): output_dir is writable, and a new run does not find another run's

@@ -75,12 +75,12 @@ class SupervisedRecipe(Recipe):
         plan = config.supervised_plan(accelerator.num_processes, len(train_rows))
         console.print(_plan_table(plan))
         self.check_can_start(config, accelerator, console)
+        held_out = self.held_out_spec()  # loaded at --dry-run too: a broken eval_dataset stops it as it stops a run
+        eval_rows = self.encode(self.load_rows(held_out, "eval_dataset"), tokenizer, config, "eval_dataset",
+                                console) if held_out is not None else None
         if dry_run:
             self.show_examples(train_rows, tokenizer, console)
             return
-        held_out = self.held_out_spec()
-        eval_rows = self.encode(self.load_rows(held_out, "eval_dataset"), tokenizer, config, "eval_dataset",
-                                console) if held_out is not None else None
         self.prepare_output(accelerator)
         model = self.load_model(config, tokenizer)
         trainer = self.build_trainer(config, tokenizer, model, train_rows, eval_rows, accelerator)
