@@ -109,3 +109,13 @@ def test_dry_run_resuming_latest_over_checkpoints_none_of_which_verifies_is_one_
     _one_error_line(capsys, [str(recipe), 'resume_from_checkpoint="latest"', "--dry-run"],
                     "holds 1 checkpoint and none verifies (the newest, step-2: model/model.safetensors differs")
     assert _listing(run) == before
+
+
+def test_dry_run_reads_the_eval_dataset_as_the_run_does(recipe, capsys):
+    held_out = recipe.parent / "held_out.jsonl"
+    held_out.write_text(json.dumps({"prompt": "Fine."}) + "\n" + json.dumps({"text": "no prompt"}) + "\n")
+    for dry in (["--dry-run"], []):
+        assert main([str(recipe), f"eval_dataset.data_files={held_out}", *dry]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "eval_dataset" in err[0], err
+    assert not (recipe.parent / "run").exists()

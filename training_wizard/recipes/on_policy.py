@@ -143,10 +143,10 @@ class OnPolicyRecipe(Recipe):
         for note in batch_notes(plan, len(train_rows)):
             console.print(f"note: {note}", soft_wrap=True)
         self.check_can_start(config, accelerator, console, train_rows)
+        eval_rows = self._load_prompts(self.eval_dataset, "eval_dataset", tokenizer, console) if self.eval_dataset else None
         if dry_run:
             self._show_prompts(train_rows, tokenizer, console)
             return
-        eval_rows = self._load_prompts(self.eval_dataset, "eval_dataset", tokenizer, console) if self.eval_dataset else None
         self.prepare_output(accelerator)
         trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
         warn_long_prompts(trainer, console)
