@@ -468,7 +468,14 @@ def test_the_update_frees_the_logits_during_the_backward(tokenizer, tmp_path, mo
 @pytest.mark.slow  # about 40 s of compilation on a 2-core CPU
 def test_a_compiled_update_trains_like_the_eager_one(tokenizer, tmp_path):
     """torch_compile compiles the update's forward (dynamic shapes: the update rows' widths vary per iteration);
-    the run must match the eager run to rounding, metric by metric and weight by weight."""
+    the run must match the eager run to rounding, metric by metric and weight by weight.
+
+    Inductor fuses and reorders the float32 reductions, so the compiled update rounds differently by design, and
+    how much depends on the CPU's vector width; Adam then scales the gradients' rounding by 1/sqrt(v), which is
+    large where a gradient is near zero. So each weight's difference is bounded by a share of that weight's own
+    update (here the largest is 0.7% of it: 1.0e-5 on 1.5e-3): a compiled update that computed something else (a
+    term or a mask missing) moves a weight by the order of its whole update and fails."""
+    start = build_causal_lm(tokenizer, seed=2).state_dict()  # make_trainer's policy before training
     runs = {}
     for compiled in (False, True):
         trainer = make_trainer(tokenizer, tmp_path / str(compiled), torch_compile=compiled, total_episodes=8 * 3,
@@ -480,7 +487,9 @@ def test_a_compiled_update_trains_like_the_eager_one(tokenizer, tmp_path):
     for eager, compiled in zip(eager_metrics, compiled_metrics, strict=True):
         for key in ("loss/policy_avg", "policy/entropy_avg", "policy/approxkl_avg", "objective/scores"):
             assert abs(eager[key] - compiled[key]) < 1e-5, key
-    assert all((eager_weights[k] - compiled_weights[k]).abs().max() < 1e-5 for k in eager_weights)
+    for name, eager_weight in eager_weights.items():
+        update = (eager_weight - start[name]).abs().max()
+        assert (eager_weight - compiled_weights[name]).abs().max() <= 0.05 * update, name
 
 
 def test_sharded_weights_keep_every_pass_per_row(tokenizer, tmp_path, monkeypatch):
