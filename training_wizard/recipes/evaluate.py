@@ -81,6 +81,9 @@ class EvaluateRecipe(Recipe):
     max_tool_calling_iterations: PositiveInt | None = Field(
         None, description="With tools: rounds of tool calls per episode at most.")
     environment_timeout: float = Field(60.0, gt=0, description="Seconds one tool call or environment step may take.")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Variables given to both models' chat templates wherever a prompt or turn is rendered "
+        "(TRL's name; e.g. { enable_thinking = false }), as the run that trained the candidate gave them.")
 
     @model_validator(mode="after")
     def _one_baseline(self) -> EvaluateRecipe:
@@ -184,7 +187,10 @@ class EvaluateRecipe(Recipe):
         from training_wizard.rollout.generation import GenerationParams, default_stop_token_ids
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 
+        from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
+
         tokenizer = spec.load_tokenizer()
+        bind_chat_template_kwargs(tokenizer, self.chat_template_kwargs)
         model = spec.load_causal_lm(self.dtype, tokenizer).eval()
         if self.environment is not None:
             return self._episodes(spec.pretrained_name, tokenizer, model, rows)
