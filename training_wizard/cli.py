@@ -24,7 +24,7 @@ examples:
 
 Evaluate and look: `training-wizard eval EVAL.toml` (win rate of a model against another, docs/evaluation.md);
 `training-wizard plot RUN_DIR [RUN_DIR ...] [-o OUT.png]` (metrics against episodes, runs overlaid).
-TRL's command form: `training-wizard grpo|rloo --config x.yaml [--key value ...]` reads TRL's YAML keys and
+TRL's command form: `training-wizard grpo|rloo|sft|reward --config x.yaml [--key value ...]` reads TRL's YAML keys and
 flags (model_name_or_path, dataset_name, reward_funcs, output_dir, ...; docs/porting_from_trl.md).
 `training-wizard vllm-serve --model NAME [--port 8000]` serves the policy with vLLM for vllm_mode = "server"
 (docs/vllm.md).

@@ -144,3 +144,12 @@ def test_a_config_from_keywords_equals_one_from_a_table():
     """Where a config came from changes how its errors name keys, not what it is."""
     assert GRPOConfig(learning_rate=1e-5) == GRPOConfig.model_validate({"learning_rate": 1e-5})
     assert GRPOConfig(learning_rate=1e-5) != GRPOConfig.model_validate({"learning_rate": 2e-5})
+
+
+def test_every_config_reads_trls_forms_of_report_to():
+    """TRL's scripts pass report_to="none" (or one name) to SFTConfig and RewardConfig as to GRPOConfig."""
+    from training_wizard import RewardConfig
+
+    for config_class in (SFTConfig, RewardConfig, GRPOConfig):
+        assert config_class(report_to="none").report_to == []
+        assert config_class(report_to="tensorboard").report_to == ["tensorboard"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import AliasChoices, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from training_wizard.spec import Spec
 
@@ -65,9 +65,18 @@ class RunConfig(Spec):
     save_steps: PositiveInt | None = Field(None, description="Write a checkpoint every N iterations.")
     save_total_limit: PositiveInt | None = Field(None, description="Keep at most this many checkpoints.")
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="Extra trackers; metrics.jsonl is always written. The RLOO, PPO and "
-        'GRPO configs also read TRL\'s forms: one name, "none" (no extra tracker).'
+        default_factory=list, description="Extra trackers; metrics.jsonl is always written. TRL's forms are read "
+        'too: one name, "none" (no extra tracker).'
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_in_trls_forms(cls, value):
+        """TRL's TrainingArguments take one tracker's name or "none" where ours is the list of extra trackers."""
+        if value in (None, "none", ["none"]):
+            return []
+        return [value] if isinstance(value, str) else value
+
     run_name: str | None = Field(None, description="The run's name in wandb and trackio (TRL's run_name); default: "
                                  "the tracker's own.")
     project: str = Field("training-wizard", description="The wandb/trackio project the run is logged under (TRL's "
