@@ -215,18 +215,18 @@ class EvaluateRecipe(Recipe):
         """One episode per row, played as training plays them (rollout/episodes.py), keyed by row."""
         from training_wizard.rollout.backends import DecodeLoopBackend
         from training_wizard.rollout.collector import SamplingSettings
-        from training_wizard.rollout.episodes import EpisodePlayer, prepare_episodes
+        from training_wizard.rollout.episodes import episode_player, prepare_episodes
         from training_wizard.rollout.generation import default_stop_token_ids
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
         from training_wizard.rollout.trajectory import StopReason
 
         environment = self.environment
-        factory, settings = environment.load(), environment.settings().with_limits(self)
+        factory, settings = environment.load(), environment.settings()
         settings = prepare_episodes(tokenizer, factory, (), settings)
         encoded = EncodedPrompts.from_rows(rows, tokenizer)
         sampling = SamplingSettings(self.response_length, self.temperature, default_stop_token_ids(tokenizer, model),
                                     tokenizer.pad_token_id, forward_batch_size=self.batch_size)
-        player = EpisodePlayer(tokenizer, DecodeLoopBackend(self.batch_size), sampling, factory, settings)
+        player = episode_player(tokenizer, DecodeLoopBackend(self.batch_size), sampling, factory, settings, self)
         result = Completions(name, encoded.queries, encoded.prompts, tokenizer)
         episodes = []
         for first in range(0, len(rows), self.batch_size):

@@ -342,10 +342,10 @@ class EpisodeSource:
     """A rollout source of episodes: an EpisodePlayer's episodes as one token batch, with the collector's
     logprob passes and scores (the collector gives the models, the backend, the reward and the settings)."""
 
-    def __init__(self, collector: RolloutCollector, environment_factory, settings: EpisodeSettings = EpisodeSettings()):
+    def __init__(self, collector: RolloutCollector, environment_factory, settings: EpisodeSettings, limits: Any):
         self.collector = collector
-        self.player = EpisodePlayer(collector.tokenizer, collector.backend, collector.settings, environment_factory,
-                                    settings)
+        self.player = episode_player(collector.tokenizer, collector.backend, collector.settings, environment_factory,
+                                     settings, limits)
 
     def collect(self, request: RolloutRequest) -> TrajectoryBatch:
         started = time.perf_counter()
@@ -390,7 +390,14 @@ class EpisodeSource:
                        loss.to(device), stop.to(device), logprobs.to(device), seconds)
 
 
-def episode_source(environment_factory, settings: EpisodeSettings):
-    """The rollout source of episodes with `environment_factory`'s environments, played as `settings` (from
-    prepare_episodes) say (the collector it is given holds the models)."""
-    return lambda collector: EpisodeSource(collector, environment_factory, settings)
+def episode_player(tokenizer, backend, sampling: SamplingSettings, environment_factory, settings: EpisodeSettings,
+                   limits: Any) -> EpisodePlayer:
+    """The player of a training run's episodes (EpisodeSource) and of the eval recipe's: `settings` from
+    prepare_episodes, under the limits `limits` holds (an on-policy config, or the eval recipe)."""
+    return EpisodePlayer(tokenizer, backend, sampling, environment_factory, settings.with_limits(limits))
+
+
+def episode_source(environment_factory, settings: EpisodeSettings, config: Any):
+    """The rollout source of episodes with `environment_factory`'s environments, under an on-policy config's limits
+    (the collector it is given holds the models)."""
+    return lambda collector: EpisodeSource(collector, environment_factory, settings, config)

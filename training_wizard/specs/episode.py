@@ -3,8 +3,9 @@
 The `[environment]` table (specs/environment.py) fills the record's protocol, tools, parser, chat template and
 tokenization check. Its limits are `[training]` keys in a training recipe (TRL's names: `max_tool_calling_iterations`,
 `max_turns` for the text protocol, and `environment_timeout`) and top-level keys of the `eval` recipe; both declare
-them with the types below, and `EpisodeSettings.with_limits` copies them into the record. `response_length` is the
-whole episode's token budget, the environment's tokens included.
+them with the types below, and `EpisodeSettings.with_limits` copies them into the record (rollout/episodes.py:
+`episode_player`, for training and `eval` alike). `response_length` is the whole episode's token budget, the
+environment's tokens included.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class EpisodeSettings:
     a name, a file or the template), and what a tokenization drift does: "strict" stops the run, "warn" logs
     it. The limits: max_turns, model replies per episode (text protocol); environment_timeout, seconds one tool
     call or environment step may take (past it the model reads an error and the episode goes on);
-    max_tool_calling_iterations, rounds of tool calls per episode (tools protocol; None: until the budget). Their
-    defaults are the options' defaults."""
+    max_tool_calling_iterations, rounds of tool calls per episode (tools protocol; None: until the budget). The
+    limit options take their defaults from here."""
 
     protocol: Literal["tools", "text"] = "tools"
     tools: tuple[Callable, ...] = ()

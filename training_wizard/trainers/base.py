@@ -145,10 +145,10 @@ class OnPolicyTrainer(UpdateLoop):
 
     # ---------------------------------------------------------------------------------------------- set-up
     def _choose_rollout_source(self, rollout_source, environment_factory, episodes) -> RolloutSource:
-        """The given source (or what its factory makes of the collector), episodes with the given environment
-        under the config's limits, or the single-turn collector."""
+        """The given source (or what its factory makes of the collector), episodes with the given environment,
+        or the single-turn collector."""
         if episodes is not None:
-            rollout_source = episode_source(environment_factory, episodes.with_limits(self.config))
+            rollout_source = episode_source(environment_factory, episodes, self.config)
         if rollout_source is None:
             return self.collector
         return rollout_source if hasattr(rollout_source, "collect") else rollout_source(self.collector)
