@@ -14,7 +14,7 @@ from tests.unit.test_environment_contracts import write_eval_recipe
 from training_wizard.errors import UserError
 from training_wizard.rollout.environment_contracts import new_environment
 from training_wizard.rollout.episode_start import check_episodes_can_start
-from training_wizard.rollout.episodes import EpisodeSettings
+from training_wizard.specs.episode import EpisodeSettings
 
 HERE = "tests.unit.test_environment_start"
 CLOSED: list[str] = []

@@ -15,9 +15,10 @@ import torch
 from tests.helpers import write_episode_recipe
 from training_wizard import GRPOConfig, GRPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.episodes import EpisodeSettings, turn_seed
+from training_wizard.rollout.episodes import turn_seed
 from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.trajectory import StopReason
+from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.testing import build_causal_lm
 from training_wizard.tracking.metrics import read_metrics
 

@@ -326,7 +326,7 @@ def test_without_openenv_the_adapter_imports_and_says_how_to_install(monkeypatch
 
 def test_grpo_trains_on_served_episodes_some_of_which_fail(healthy_url, tokenizer, tmp_path):
     from training_wizard import GRPOConfig, GRPOTrainer
-    from training_wizard.rollout.episodes import EpisodeSettings
+    from training_wizard.specs.episode import EpisodeSettings
     from training_wizard.testing import build_causal_lm
     from training_wizard.tracking.metrics import read_metrics
 

@@ -20,7 +20,7 @@ from training_wizard import GRPOConfig, GRPOTrainer
 from training_wizard.errors import UserError
 from training_wizard.rollout.chat_templates import HERMES
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.episodes import EpisodeSettings
+from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.rollout.tools import parse_hermes
 from training_wizard.rollout.trajectory import StopReason
 from training_wizard.testing import build_causal_lm, scripted_backend

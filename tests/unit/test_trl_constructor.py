@@ -246,7 +246,7 @@ def test_environment_factory_plays_episodes_scored_by_trl_form_rewards(tiny_mode
     """TRL's environment_factory (public methods are tools, get_reward scores) with a TRL-form reward function
     that checks it gets the episode as TRL gives it (tests/unit/test_tool_episodes.py's scripted replies)."""
     from tests.unit.test_tool_episodes import Calculator, episode_shape, questions, scripted_replies
-    from training_wizard.rollout.episodes import EpisodeSettings
+    from training_wizard.specs.episode import EpisodeSettings
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=episode_shape, environment_factory=Calculator,

@@ -8,7 +8,7 @@ import torch
 
 from training_wizard import GRPOConfig, GRPOTrainer
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.episodes import EpisodeSettings
+from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.rollout.trajectory import StopReason
 
 from conftest import vllm_sized_model

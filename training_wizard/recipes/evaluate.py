@@ -22,6 +22,7 @@ from training_wizard.evaluation.judges import JudgeSpec
 from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
+from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
 
@@ -77,10 +78,10 @@ class EvaluateRecipe(Recipe):
         None, description="Play episodes as training does (docs/environments.md): the metrics score each episode's "
         "last reply (with transcript, completion_messages and environments columns); the environment's reward and "
         "the tool-call shares are reported beside them. response_length is the episode's budget.")
-    max_turns: PositiveInt = Field(4, description="With a text environment: model replies per episode at most.")
-    max_tool_calling_iterations: PositiveInt | None = Field(
-        None, description="With tools: rounds of tool calls per episode at most.")
-    environment_timeout: float = Field(60.0, gt=0, description="Seconds one tool call or environment step may take.")
+    # the episode's limits (specs/episode.py), as a training recipe's [training] table names them
+    max_turns: MaxTurns = EpisodeSettings.max_turns
+    max_tool_calling_iterations: MaxToolCallingIterations = EpisodeSettings.max_tool_calling_iterations
+    environment_timeout: EnvironmentTimeout = EpisodeSettings.environment_timeout
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Variables given to both models' chat templates wherever a prompt or turn is rendered "
         "(TRL's name; e.g. { enable_thinking = false }), as the run that trained the candidate gave them.")
@@ -214,7 +215,7 @@ class EvaluateRecipe(Recipe):
         """One episode per row, played as training plays them (rollout/episodes.py), keyed by row."""
         from training_wizard.rollout.backends import DecodeLoopBackend
         from training_wizard.rollout.collector import SamplingSettings
-        from training_wizard.rollout.episodes import EpisodeLimits, EpisodePlayer, prepare_episodes
+        from training_wizard.rollout.episodes import episode_player, prepare_episodes
         from training_wizard.rollout.generation import default_stop_token_ids
         from training_wizard.rollout.prompts import EncodedPrompts, row_seed
         from training_wizard.rollout.trajectory import StopReason
@@ -225,8 +226,7 @@ class EvaluateRecipe(Recipe):
         encoded = EncodedPrompts.from_rows(rows, tokenizer)
         sampling = SamplingSettings(self.response_length, self.temperature, default_stop_token_ids(tokenizer, model),
                                     tokenizer.pad_token_id, forward_batch_size=self.batch_size)
-        limits = EpisodeLimits(self.max_turns, self.environment_timeout, self.max_tool_calling_iterations)
-        player = EpisodePlayer(tokenizer, DecodeLoopBackend(self.batch_size), sampling, factory, limits, settings)
+        player = episode_player(tokenizer, DecodeLoopBackend(self.batch_size), sampling, factory, settings, self)
         result = Completions(name, encoded.queries, encoded.prompts, tokenizer)
         episodes = []
         for first in range(0, len(rows), self.batch_size):

@@ -109,11 +109,10 @@ class OnPolicyRecipe(Recipe):
         template is checked for episodes at start (--dry-run included): one line, exit 2, when it cannot serve."""
         if self.environment is None:
             return
-        from training_wizard.rollout.chat_templates import load_chat_template
         from training_wizard.rollout.chat_turns import TurnRenderer
+        from training_wizard.rollout.episodes import use_episode_chat_template
 
-        if self.environment.chat_template is not None:
-            tokenizer.chat_template = load_chat_template(self.environment.chat_template)
+        use_episode_chat_template(tokenizer, self.environment.chat_template)
         TurnRenderer(tokenizer, with_tools=self.environment.protocol == "tools")
 
     def load_reference(self, config, policy, accelerator):

@@ -27,6 +27,7 @@ from training_wizard.rollout.tools import (
     ParsedReply, ToolCall, awaited_value, call_tool, environment_tools, error_text, tool_schema,
 )
 from training_wizard.rollout.trajectory import StopReason
+from training_wizard.specs.episode import EpisodeSettings
 
 
 class EnvironmentFailure(Exception):
@@ -155,6 +156,13 @@ class ToolsProtocol:
         except Exception as error:  # noqa: BLE001 - the environment's own scorer: a bug the run cannot go on with
             raise UserError(f"{where} raised {raised(error)}") from None
         return checked_reward(where, value)
+
+
+def episode_protocol(settings: EpisodeSettings) -> TextProtocol | ToolsProtocol:
+    """The protocol `settings` names, under its limit: replies per episode (text) or rounds of tool calls (tools)."""
+    if settings.protocol == "tools":
+        return ToolsProtocol(list(settings.tools), settings.max_tool_calling_iterations)
+    return TextProtocol(settings.max_turns)
 
 
 def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:

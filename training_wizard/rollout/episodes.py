@@ -19,7 +19,7 @@ import concurrent.futures
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 
@@ -30,9 +30,7 @@ from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.collector import (
     EpisodeScoring, RolloutCollector, RolloutRequest, Sampled, SamplingSettings,
 )
-from training_wizard.rollout.environment_protocols import (
-    Answer, EnvironmentFailure, JobResult, TextProtocol, ToolsProtocol, Turn,
-)
+from training_wizard.rollout.environment_protocols import Answer, EnvironmentFailure, JobResult, Turn, episode_protocol
 from training_wizard.rollout.episode_start import (  # noqa: F401 - factory_name, gives_reward: their home was here
     check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_columns,
     reset_environment,
@@ -42,34 +40,10 @@ from training_wizard.rollout.prompts import EncodedPrompts, left_pad, prompt_tex
 from training_wizard.rollout.tools import reply_parser, typed_arguments, without_calls
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.signals import stop_requested
+from training_wizard.specs.episode import EpisodeSettings
 
 # Tool calls and environment steps of one turn run in this many threads at most.
 MAX_CONCURRENT_STEPS = 16
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """max_turns: model replies per episode (text protocol); environment_timeout: seconds one tool call or
-    environment step may take (past it the model reads an error and the episode goes on);
-    max_tool_calling_iterations: rounds of tool calls per episode (tools protocol; None: until the budget)."""
-
-    max_turns: int = 4
-    environment_timeout: float = 60.0
-    max_tool_calling_iterations: int | None = None
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """How episodes are played: the protocol, plain-function tools, a custom reply parser (text -> a list of
-    {"name", "arguments"}), the training chat template that replaces the model's (rollout/chat_templates.py:
-    a name, a file or the template), and what a tokenization drift does: "strict" stops the run, "warn" logs
-    it."""
-
-    protocol: Literal["tools", "text"] = "tools"
-    tools: tuple[Callable, ...] = ()
-    tool_parser: Callable[[str], Any] | None = None
-    chat_template: str | None = None
-    tokenization_check: Literal["strict", "warn", "off"] = "warn"
 
 
 @dataclass
@@ -106,9 +80,9 @@ STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift", "failed")
 
 def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSettings | None,
                      has_reward: bool = True) -> EpisodeSettings | None:
-    """How a trainer given an environment or tools plays its episodes (the given settings with the tools added),
-    its training chat template set on the tokenizer before any prompt is rendered; None: single replies.
-    Without a reward of its own (`has_reward`) the run needs an environment that gives one."""
+    """How a trainer or the eval recipe given an environment or tools plays its episodes (the given settings with
+    the tools added), its training chat template set on the tokenizer before any prompt is rendered; None: single
+    replies. Without a reward of its own (`has_reward`) the run needs an environment that gives one."""
     if environment_factory is None and not tools and not (settings is not None and settings.tools):
         return None  # single replies (a recipe's tools-only table gives its tools in the settings)
     settings = settings or EpisodeSettings()
@@ -116,9 +90,15 @@ def prepare_episodes(tokenizer, environment_factory, tools, settings: EpisodeSet
     if settings.protocol == "text" and (tools or settings.tools):
         raise UserError("environment: tools are given with the text protocol, which shows the model none (its "
                         "environment reads each reply); use the tools protocol, or give no tools")
-    if settings.chat_template is not None:
-        tokenizer.chat_template = load_chat_template(settings.chat_template)
+    use_episode_chat_template(tokenizer, settings.chat_template)
     return dataclasses.replace(settings, tools=tuple(settings.tools) + tuple(tools or ()))
+
+
+def use_episode_chat_template(tokenizer, chat_template: str | None) -> None:
+    """The episodes' training chat template (EpisodeSettings.chat_template), if any, replaces the tokenizer's: the
+    one place it is set, for a recipe's start check and for the trainer and the eval recipe."""
+    if chat_template is not None:
+        tokenizer.chat_template = load_chat_template(chat_template)
 
 
 def turn_seed(row_seed_value: int, turn: int) -> int:
@@ -133,17 +113,15 @@ class EpisodePlayer:
     reward reads. `environment_factory`: a callable making one environment, a mapping of them by the rows'
     `environment` column, or None (tools only). Training (EpisodeSource) and evaluation both play through it."""
 
-    def __init__(self, tokenizer, backend, sampling: SamplingSettings, environment_factory, limits: EpisodeLimits,
+    def __init__(self, tokenizer, backend, sampling: SamplingSettings, environment_factory,
                  settings: EpisodeSettings = EpisodeSettings()):
-        self.tokenizer, self.backend, self.sampling, self.limits, self.settings = (
-            tokenizer, backend, sampling, limits, settings)
+        self.tokenizer, self.backend, self.sampling, self.settings = tokenizer, backend, sampling, settings
         self.factories = factory_table(environment_factory)
         if settings.protocol == "text" and not self.factories:
             raise UserError("environment: the text protocol needs an environment factory")
         if settings.protocol == "tools" and not self.factories and not settings.tools:
             raise UserError("environment: the tools protocol needs an environment factory or tools")
-        self.protocol = (ToolsProtocol(list(settings.tools), limits.max_tool_calling_iterations)
-                         if settings.protocol == "tools" else TextProtocol(limits.max_turns))
+        self.protocol = episode_protocol(settings)
         self.turns = TurnRenderer(tokenizer, with_tools=settings.protocol == "tools")
         self.parse = reply_parser(tokenizer, settings.tool_parser)
         self.names = sorted({factory_name(factory) for factory in self.factories.values()
@@ -254,7 +232,7 @@ class EpisodePlayer:
         results: dict[int, list[JobResult]] = {i: [] for i in jobs}
         if not flat:
             return results
-        timeout = self.limits.environment_timeout
+        timeout = self.settings.environment_timeout
         starts: dict[int, float] = {}
 
         def timed(index: int, job: Callable[[], Any]) -> Any:
@@ -364,11 +342,10 @@ class EpisodeSource:
     """A rollout source of episodes: an EpisodePlayer's episodes as one token batch, with the collector's
     logprob passes and scores (the collector gives the models, the backend, the reward and the settings)."""
 
-    def __init__(self, collector: RolloutCollector, environment_factory, limits: EpisodeLimits,
-                 settings: EpisodeSettings = EpisodeSettings()):
+    def __init__(self, collector: RolloutCollector, environment_factory, settings: EpisodeSettings, limits: Any):
         self.collector = collector
-        self.player = EpisodePlayer(collector.tokenizer, collector.backend, collector.settings, environment_factory,
-                                    limits, settings)
+        self.player = episode_player(collector.tokenizer, collector.backend, collector.settings, environment_factory,
+                                     settings, limits)
 
     def collect(self, request: RolloutRequest) -> TrajectoryBatch:
         started = time.perf_counter()
@@ -413,9 +390,14 @@ class EpisodeSource:
                        loss.to(device), stop.to(device), logprobs.to(device), seconds)
 
 
+def episode_player(tokenizer, backend, sampling: SamplingSettings, environment_factory, settings: EpisodeSettings,
+                   limits: Any) -> EpisodePlayer:
+    """The player of a training run's episodes (EpisodeSource) and of the eval recipe's: `settings` from
+    prepare_episodes, under the limits `limits` holds (an on-policy config, or the eval recipe)."""
+    return EpisodePlayer(tokenizer, backend, sampling, environment_factory, settings.with_limits(limits))
+
+
 def episode_source(environment_factory, settings: EpisodeSettings, config: Any):
     """The rollout source of episodes with `environment_factory`'s environments, under an on-policy config's limits
     (the collector it is given holds the models)."""
-    limits = EpisodeLimits(max_turns=config.max_turns, environment_timeout=config.environment_timeout,
-                           max_tool_calling_iterations=config.max_tool_calling_iterations)
-    return lambda collector: EpisodeSource(collector, environment_factory, limits, settings)
+    return lambda collector: EpisodeSource(collector, environment_factory, settings, config)

@@ -8,8 +8,8 @@
                                                   # (observation, reward, done)
     chat_template = "hermes"                      # when the model's own cannot render tools
 
-Its limits are `[training]` keys: `max_tool_calling_iterations`, `max_turns` (text protocol), and
-`environment_timeout`; `response_length` is the whole episode's token budget, the environment's tokens included.
+The table fills the episode's settings (specs/episode.py: `EpisodeSettings`), which also hold its limits: keys of
+`[training]`, or of the `eval` recipe's top level.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field, field_validator, model_validator
 
 from training_wizard.spec import Spec
+from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.specs.reward import RewardSpec, resolve_function
 
 
@@ -86,10 +87,8 @@ class EnvironmentSpec(Spec):
             return {name: load_one(path) for name, path in self.factory.items()}
         return load_one(self.factory) if self.factory is not None else None
 
-    def settings(self):
-        """The trainer's `episode_settings`."""
-        from training_wizard.rollout.episodes import EpisodeSettings
-
+    def settings(self) -> EpisodeSettings:
+        """The trainer's `episode_settings` (the limits are filled from the run's options when it starts)."""
         parser = resolve_function(self.tool_parser, raising=ValueError, key="environment.tool_parser: ") \
             if self.tool_parser else None
         tools = tuple(resolve_function(path, raising=ValueError, key="environment.tools: ") for path in self.tools)

@@ -33,7 +33,7 @@ from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
-from training_wizard.rollout.episodes import EpisodeSettings, episode_source, prepare_episodes
+from training_wizard.rollout.episodes import episode_source, prepare_episodes
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.prompts import EncodedPrompts, row_seed
@@ -43,6 +43,7 @@ from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
+from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
 from training_wizard.trainers.async_rollouts import async_metrics, batches_ahead, next_rollout, sample_ahead

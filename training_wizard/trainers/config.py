@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
                       model_validator)
 
+from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns
 from training_wizard.trainers.async_config import AsyncRolloutOptions
 from training_wizard.trainers.environment_config import EnvironmentFailureOptions
 from training_wizard.trainers.trl_keys import TRLKeys
@@ -114,14 +115,10 @@ class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOption
         "one batch; past it the run stops with one line naming it and the step, the last checkpoint kept. A stop "
         "signal while it runs ends the run within a second (exit 143/130, checkpoint of the iteration's start).",
     )
-    max_turns: PositiveInt = Field(
-        4, description="With a text environment: model replies per episode at most.")
-    max_tool_calling_iterations: PositiveInt | None = Field(
-        None, description="With tools: rounds of tool calls per episode at most (TRL's name); a reply that calls "
-        "a tool past them ends the episode. None: until the model stops calling or response_length runs out.")
-    environment_timeout: PositiveFloat = Field(
-        60.0, description="With an environment: seconds one tool call or environment step may take; past it the "
-        "model reads an error message and the episode goes on.")
+    # the episode's limits (specs/episode.py), under TRL's names
+    max_turns: MaxTurns = EpisodeSettings.max_turns
+    max_tool_calling_iterations: MaxToolCallingIterations = EpisodeSettings.max_tool_calling_iterations
+    environment_timeout: EnvironmentTimeout = EpisodeSettings.environment_timeout
     # -- regularisation ------------------------------------------------------------------------------------------
     kl_coef: NonNegativeFloat = Field(
         0.05, description="KL penalty coefficient. Newer TRL name: beta.", validation_alias=aliases("kl_coef", "beta")
