@@ -40,9 +40,8 @@ def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.specs import (
         dataset, environment, model, remote_reward, reward, reward_functions, text_metrics, verifiable,
     )
-    from training_wizard.trainers.config import (
-        GRPOConfig, PPOConfig, RewardConfig, RLOOConfig, RLOORecipeConfig, SequenceClassificationConfig, SFTConfig,
-    )
+    from training_wizard.trainers.config import RewardConfig, SequenceClassificationConfig, SFTConfig
+    from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)

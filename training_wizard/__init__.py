@@ -8,12 +8,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "RLOOConfig": "training_wizard.trainers.config",
-    "RLOOTrainer": "training_wizard.trainers.rloo",
-    "PPOConfig": "training_wizard.trainers.config",
+    "RLOOConfig": "training_wizard.trl.configs",
+    "RLOOTrainer": "training_wizard.trl.trainers",
+    "PPOConfig": "training_wizard.trl.configs",
     "PPOTrainer": "training_wizard.trainers.ppo",
-    "GRPOConfig": "training_wizard.trainers.config",
-    "GRPOTrainer": "training_wizard.trainers.grpo",
+    "GRPOConfig": "training_wizard.trl.configs",
+    "GRPOTrainer": "training_wizard.trl.trainers",
     "SFTConfig": "training_wizard.trainers.config",
     "SFTTrainer": "training_wizard.trainers.sft",
     "RewardConfig": "training_wizard.trainers.config",

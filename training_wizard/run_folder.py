@@ -33,7 +33,7 @@ from training_wizard.errors import UserError
 # Every file or folder a training run writes into its output_dir (tracking/, checkpoint.py, recipes/).
 RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl", "checkpoints",
              "model", "report.html", "metrics.png", "tensorboard",
-             # what TRL's post-train calls write (trainers/trl_results.py: save_state, save_metrics for its splits)
+             # what TRL's post-train calls write (trl/results.py: save_state, save_metrics for its splits)
              "trainer_state.json", "all_results.json", "train_results.json", "eval_results.json", "test_results.json")
 # What a run that never finished may leave: `latest` with no checkpoint yet restarts it from the beginning.
 UNFINISHED_RUN_FILES = ("run.json", "resolved_config.toml", "metrics.jsonl", "samples.jsonl", "prompts.jsonl",

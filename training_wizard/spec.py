@@ -97,6 +97,15 @@ def key_path(spec: Spec, key: str | None, table: str, argument: str = "args") ->
     return f"{prefix}.{key}" if key else prefix
 
 
+def shown(value: Any) -> str:
+    """A value as a recipe writes it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
+
+
 class KeyValueError(ValueError):
     """A validator's refusal of one of its table's keys. `key` and `detail` let the error line put the key in its
     location (`format_validation_error`, `KeywordError`); the message itself names the key too."""

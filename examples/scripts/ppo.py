@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a file: trl_s
 from trl_style import main as run  # noqa: E402
 
 from training_wizard.recipes.ppo import PPORecipe  # noqa: E402
-from training_wizard.trainers.config import PPOConfig  # noqa: E402
+from training_wizard.trl.configs import PPOConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a file: trl_s
 from trl_style import main as run  # noqa: E402
 
 from training_wizard.recipes.rloo import RLOORecipe  # noqa: E402
-from training_wizard.trainers.config import RLOOConfig  # noqa: E402
+from training_wizard.trl.configs import RLOOConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,10 +26,10 @@ def test_trls_eval_strategy_key_and_the_attribute_agree():
 
 def test_a_script_reading_the_config_as_trls_grpo_script_trains_evaluates_and_pushes(
         run_trl_script, tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from training_wizard.trainers import trl_results
+    from training_wizard.trainers import hub
 
     uploads = []
-    monkeypatch.setattr(trl_results, "upload_to_hub",
+    monkeypatch.setattr(hub, "upload_to_hub",
                         lambda folder, repo, label, **options: uploads.append((folder, repo)) or (repo, None))
     trainer = run_trl_script("trl_script_reads_args.py", tiny_model_dir, tmp_path)["trainer"]
     assert trainer.eval_prompts is not None and trainer.state.global_step == 1

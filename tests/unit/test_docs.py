@@ -20,7 +20,7 @@ def test_configuration_reference_is_current():
 
 
 def test_every_training_option_is_documented_with_a_description():
-    from training_wizard.trainers.config import RLOORecipeConfig
+    from training_wizard.trl.configs import RLOORecipeConfig
 
     missing = [name for name, field in RLOORecipeConfig.model_fields.items() if not field.description]
     assert missing == []

@@ -5,7 +5,7 @@ import pytest
 
 from tests.helpers import make_grpo_trainer, make_ppo_trainer, make_rloo_trainer
 from training_wizard.errors import UserError
-from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
+from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig
 
 
 def count_steps(trainer) -> list[int]:

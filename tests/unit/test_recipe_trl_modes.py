@@ -139,7 +139,7 @@ def test_push_to_hub_without_a_token_stops_at_start_in_one_line(tiny_model_dir, 
 
 def test_push_to_hub_uploads_the_final_model_folder_to_hub_model_id(tiny_model_dir, tmp_path, hub_online,
                                                                     monkeypatch, capsys):
-    from training_wizard.trainers import trl_results
+    from training_wizard.trainers import hub
 
     uploads = []
 
@@ -147,7 +147,7 @@ def test_push_to_hub_uploads_the_final_model_folder_to_hub_model_id(tiny_model_d
         uploads.append((folder, repo, sorted(path.name for path in folder.iterdir())))
         return repo, None
 
-    monkeypatch.setattr(trl_results, "upload_to_hub", upload)
+    monkeypatch.setattr(hub, "upload_to_hub", upload)
     assert main([str(write_recipe(tmp_path, tiny_model_dir, ONE_ENVIRONMENT, PUSH))]) == 0
     [(folder, repo, files)] = uploads
     assert folder == tmp_path / "out" / "model" and repo == "me/tiny"

@@ -12,7 +12,7 @@ from training_wizard.core.advantages import RLOOShaping, rloo_shaped_rewards, wh
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe
-from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
+from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig
 from training_wizard.trainers.rloo import rloo_loss
 from training_wizard.trainers.update import PolicyForward
 

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from training_wizard.cli import main
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe
-from training_wizard.trainers.config import GRPOConfig, RLOOConfig
-from training_wizard.trainers.trl_keys import TRL_KEYS, is_off
+from training_wizard.trl.configs import GRPOConfig, RLOOConfig
+from training_wizard.trl.keys import TRL_KEYS, is_off
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "trl_1_16_config_fields.json").read_text())

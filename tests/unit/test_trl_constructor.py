@@ -1,4 +1,4 @@
-"""GRPOTrainer and RLOOTrainer built with TRL 1.16's constructor arguments (trainers/trl_arguments.py).
+"""GRPOTrainer and RLOOTrainer built with TRL 1.16's constructor arguments (trl/arguments.py).
 
 The two quick-starts are TRL's documented scripts with the import line changed; the Hub model and dataset are
 replaced by a tiny local model folder and a local datasets.Dataset, and `args` keeps each run to two iterations.

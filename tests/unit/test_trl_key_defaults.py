@@ -13,7 +13,7 @@ import torch
 from training_wizard import GRPOConfig, RLOOConfig
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs, chat_ids
 from training_wizard.tracking.metrics import MetricsLogger
-from training_wizard.trainers.trl_arguments import follow_trl_defaults
+from training_wizard.trl.arguments import follow_trl_defaults
 
 
 def test_a_torch_dtype_in_model_init_kwargs_is_written_by_name(tmp_path):

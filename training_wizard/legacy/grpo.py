@@ -35,7 +35,7 @@ def _grpo_same() -> set[str]:
     and the run's folder and seed are translated by `translate_training`)."""
     from pydantic import AliasChoices
 
-    from training_wizard.trainers.config import GRPOConfig
+    from training_wizard.trl.configs import GRPOConfig
 
     names = set()
     for name, info in GRPOConfig.model_fields.items():

@@ -155,11 +155,11 @@ class Recipe(Spec):
         hub_model_id. A failed upload is one line (exit 2); the saved model stays."""
         if not getattr(config, "push_to_hub", False):
             return
-        from training_wizard.trainers import trl_results
+        from training_wizard.trainers import hub
 
         folder = Path(self.output_dir) / "model"
-        repo, _ = trl_results.upload_to_hub(folder, trl_results.hub_repository(config), "training.push_to_hub",
-                                            commit_message="End of training")
+        repo, _ = hub.upload_to_hub(folder, hub.hub_repository(config), "training.push_to_hub",
+                                    commit_message="End of training")
         console.print(f"final model pushed to the Hub: https://huggingface.co/{repo}", markup=False,
                       highlight=False, soft_wrap=True)
 
@@ -233,7 +233,7 @@ def check_hub_reachable(config) -> None:
     written) a run whose upload could not happen, rather than finding out after training."""
     if not getattr(config, "push_to_hub", False):
         return
-    from training_wizard.trainers.trl_results import hub_unavailable
+    from training_wizard.trainers.hub import hub_unavailable
 
     reason = hub_unavailable(None)
     if reason is not None:

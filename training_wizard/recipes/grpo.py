@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
-from training_wizard.trainers.config import GRPOConfig
+from training_wizard.trl.configs import GRPOConfig
 
 
 class GRPORecipe(OnPolicyRecipe):

@@ -89,7 +89,7 @@ class OnPolicyRecipe(Recipe):
     def _something_scores(self) -> OnPolicyRecipe:
         if self.reward is None and self.environment is None:
             raise ValueError("reward: required (a [reward] table), unless an [environment] scores the episodes")
-        # TRL's constructor arguments that only the Python API reads (trainers/trl_arguments.py)
+        # TRL's constructor arguments that only the Python API reads (trl/arguments.py)
         for key, table in (("model_init_kwargs", "[model] (revision, trust_remote_code, attn_implementation, "
                                                  "from_pretrained_kwargs) and [training] dtype"),
                            ("reward_weights", "[reward] reward_weights, beside reward_funcs")):

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.specs.model import TransformerSpec
-from training_wizard.trainers.config import PPOConfig
+from training_wizard.trl.configs import PPOConfig
 
 
 class PPORecipe(OnPolicyRecipe):

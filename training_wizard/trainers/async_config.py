@@ -8,9 +8,8 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from training_wizard.core.importance_sampling import ImportanceSamplingMode
-from training_wizard.spec import KeyValueError
+from training_wizard.spec import KeyValueError, shown
 from training_wizard.trainers.run_config import RunConfig
-from training_wizard.trainers.trl_keys import shown
 
 # The keys that only the asynchronous schedule reads: set to anything but their default without async_rollouts they
 # would change nothing, which is refused rather than ignored. TRL 1.16's GRPOConfig and RLOOConfig have none of them

@@ -15,8 +15,8 @@ from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Po
 from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns
 from training_wizard.trainers.async_config import AsyncRolloutOptions
 from training_wizard.trainers.environment_config import EnvironmentFailureOptions
-from training_wizard.trainers.trl_keys import TRLKeys
-from training_wizard.trainers.trl_results import HubArguments
+from training_wizard.trainers.hub import HubArguments
+from training_wizard.trainers.presentation_config import PresentationOptions
 from training_wizard.trainers.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -32,8 +32,8 @@ __all__ = [
     "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
     "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
-class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, TRLKeys):
-    """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trainers/trl_keys.py."""
+class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions):
+    """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")

@@ -9,66 +9,42 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   (`optimizer_step_totals`) and passed to each of its micro-batches, so gradient accumulation and several
   processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones: `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy` and `kl`
-  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/trl_metrics.py).
+  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/group_metrics.py).
 """
 
 from __future__ import annotations
 
 import torch
-from accelerate import Accelerator
 
 from training_wizard.core.advantages import ShapedRewards, local_moments, scored_rows
 from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import GRPOConfig
-from training_wizard.trainers.scored_rows import ScoredRowsMetrics
-from training_wizard.trainers.trl_arguments import trainer_arguments
-from training_wizard.trainers.trl_metrics import TRLMetrics
+from training_wizard.trainers.group_trainer import GroupTrainer
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class GRPOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrainer):
+class GRPOTrainer(GroupTrainer):
     """num_generations completions per prompt; each one's advantage is its reward minus its group's mean.
 
-    TRL 1.16's arguments: `GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
-    eval_dataset=..., processing_class=..., reward_processing_classes=..., callbacks=..., peft_config=...,
-    tools=..., environment_factory=...)`, then `.train()` (trainers/trl_arguments.py, docs/porting_from_trl.md).
-    The older ones: `GRPOTrainer(config=GRPOConfig(...), tokenizer=..., policy=..., reward_model=...,
-    train_dataset=..., ref_policy=..., eval_dataset=...)`; `reward_model` is as for RLOOTrainer (a sequence
-    classifier, a RewardSpec or a callable). With beta = 0 (the default) no reference is used and `ref_policy` is
-    ignored; with beta > 0 and no `ref_policy`, a LoRA policy's base (adapter disabled) or a frozen copy of the
-    starting policy is the reference.
+    `GRPOTrainer(config=GRPOConfig(...), tokenizer=..., policy=..., reward_model=..., train_dataset=...,
+    ref_policy=..., eval_dataset=...)` (trainers/group_trainer.py; TRL's constructor arguments: trl/trainers.py).
+    With beta = 0 (the default) no reference is used and `ref_policy` is ignored; with beta > 0 and no
+    `ref_policy`, a LoRA policy's base (adapter disabled) or a frozen copy of the starting policy is the reference.
     """
 
     config: GRPOConfig
 
-    def __init__(self, model=None, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
-                 optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
-                 environment_factory=None, *, config: GRPOConfig | None = None, tokenizer=None, policy=None,
-                 reward_model=None, ref_policy=None, accelerator: Accelerator | None = None, **sources):
-        """TRL's arguments or the older ones (not the same one both ways); `sources`: `generation_backend`,
-        `rollout_source` and `episode_settings`, as for every trainer (trainers/base.py)."""
-        trl = dict(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                   eval_dataset=eval_dataset, processing_class=processing_class,
-                   reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
-                   quantization_config=quantization_config, peft_config=peft_config, tools=tools,
-                   rollout_func=rollout_func, environment_factory=environment_factory)
-        older = dict(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
-                     ref_policy=ref_policy, accelerator=accelerator, **sources)
-        resolved = trainer_arguments(GRPOConfig, "GRPO", trl, older)
-        callbacks = resolved.pop("callbacks")
-        super().__init__(**resolved)
+    @property
+    def loss_options(self) -> GRPOLossOptions:
+        """The config's options of the per-token loss."""
         config = self.config
-        self.loss_options = GRPOLossOptions(
+        return GRPOLossOptions(
             loss_type=config.loss_type, epsilon=config.cliprange, epsilon_high=config.epsilon_high,
             delta=config.delta, importance_sampling_level=config.importance_sampling_level, beta=config.kl_coef,
         )
-        self.attach_callbacks(callbacks)
 
     # -- step 6 ------------------------------------------------------------------------------------------------
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:

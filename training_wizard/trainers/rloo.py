@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from accelerate import Accelerator
 
 from training_wizard.core.advantages import (
     RLOOShaping, ShapedRewards, local_moments, rloo_shaped_rewards, scored_rows,
@@ -11,48 +10,21 @@ from training_wizard.core.advantages import (
 from training_wizard.core.grpo import group_advantages
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.callbacks import TRLTrainerMethods
 from training_wizard.trainers.config import RLOOConfig
-from training_wizard.trainers.scored_rows import ScoredRowsMetrics
-from training_wizard.trainers.trl_arguments import trainer_arguments
-from training_wizard.trainers.trl_metrics import TRLMetrics
+from training_wizard.trainers.group_trainer import GroupTrainer
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
-class RLOOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrainer):
+class RLOOTrainer(GroupTrainer):
     """k completions per prompt; each completion's baseline is the mean reward of the other k - 1.
 
-    TRL 1.16's arguments: `RLOOTrainer(model=..., reward_funcs=..., args=RLOOConfig(...), train_dataset=...,
-    eval_dataset=..., processing_class=..., reward_processing_classes=..., callbacks=..., peft_config=...)`, then
-    `.train()` (trainers/trl_arguments.py, docs/porting_from_trl.md). The older ones: `RLOOTrainer(
-    config=RLOOConfig(...), tokenizer=..., policy=..., ref_policy=..., reward_model=..., train_dataset=...,
-    eval_dataset=...)`; `reward_model` is a sequence classifier sharing the policy's tokenizer, a RewardSpec, or a
-    callable `fn(prompts, completions, **columns) -> list[float]`. Without `ref_policy`, a LoRA policy uses itself
-    with the adapter disabled as the reference, and a full policy a frozen copy of its starting weights.
+    `RLOOTrainer(config=RLOOConfig(...), tokenizer=..., policy=..., ref_policy=..., reward_model=...,
+    train_dataset=..., eval_dataset=...)` (trainers/group_trainer.py; TRL's constructor arguments:
+    trl/trainers.py). Without `ref_policy`, a LoRA policy uses itself with the adapter disabled as the reference,
+    and a full policy a frozen copy of its starting weights.
     """
 
     config: RLOOConfig
-
-    def __init__(self, model=None, reward_funcs=None, args: RLOOConfig | None = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
-                 optimizers=(None, None), quantization_config=None, peft_config=None, *,
-                 config: RLOOConfig | None = None, tokenizer=None, policy=None, reward_model=None, ref_policy=None,
-                 accelerator: Accelerator | None = None, **sources):
-        """TRL's arguments or the older ones (not the same one both ways); `sources`: `generation_backend`,
-        `rollout_source`, and `environment_factory`, `tools` and `episode_settings` for episodes, as for every
-        trainer (trainers/base.py)."""
-        trl = dict(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                   eval_dataset=eval_dataset, processing_class=processing_class,
-                   reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
-                   quantization_config=quantization_config, peft_config=peft_config,
-                   rollout_func=sources.pop("rollout_func", None))
-        older = dict(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
-                     ref_policy=ref_policy, accelerator=accelerator, **sources)
-        resolved = trainer_arguments(RLOOConfig, "RLOO", trl, older)
-        callbacks = resolved.pop("callbacks")
-        super().__init__(**resolved)
-        self.attach_callbacks(callbacks)
 
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         config = self.config

@@ -18,7 +18,7 @@ class RunState(TrainerState):
     Sampling noise is keyed by (seed, iteration, slot) and needs no state of its own.
 
     It is also the trainer's transformers `TrainerState` (`trainer.state`, as scripts written for TRL read it):
-    `global_step`, `epoch`, `max_steps` and the rest are kept up to date by trainers/callbacks.py, `log_history`
+    `global_step`, `epoch`, `max_steps` and the rest are kept up to date by trl/callbacks.py, `log_history`
     holds every metrics record (`save_state` writes it as trainer_state.json); of those fields only
     `num_input_tokens_seen` (TRL's `num_tokens`) is part of a checkpoint, the others are derived from the counters.
     """

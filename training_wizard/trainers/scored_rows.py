@@ -17,7 +17,7 @@ from training_wizard.rollout.trajectory import TrajectoryBatch
 
 
 class ScoredRowsMetrics:
-    """Mixed into a trainer before TRLMetrics: score metrics over the rows a reward scored (`shaped.scored`)."""
+    """Mixed into a trainer before GroupMetrics: score metrics over the rows a reward scored (`shaped.scored`)."""
 
     def _iteration_metrics(self, rollout: TrajectoryBatch, shaped, *args, **kwargs) -> dict:
         metrics = super()._iteration_metrics(rollout, shaped, *args, **kwargs)

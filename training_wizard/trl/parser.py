@@ -4,7 +4,7 @@ As TRL's (an HfArgumentParser), each field of each class is an option `--name va
 `parse_args_and_config()` reads `--config file.yaml` first: the YAML's keys set the values, flags on the command
 line override them, and an `env:` mapping in the YAML is put into os.environ. The classes may be dataclasses
 (ScriptArguments, ModelConfig, a script's own) or this library's pydantic configs (GRPOConfig, RLOOConfig, ...),
-whose fields, aliases and accepted TRL keys (trainers/trl_keys.py) all become options; the config validates
+whose fields, aliases and accepted TRL keys (trl/keys.py) all become options; the config validates
 the values itself. A name two classes declare goes to both (dtype: ModelConfig's and the config's).
 
 A mistake on the command line or in the YAML ends in one line `error: ...` and exit code 2, as argparse's own do.
@@ -115,8 +115,8 @@ def declared_fields(cls: type) -> dict[str, tuple[Any, str]]:
 
 
 def trl_key_names(cls: type) -> list[str]:
-    """The TRL 1.16 keys a config reads besides its fields (translated or refused by itself, trainers/trl_keys.py)."""
-    from training_wizard.trainers.trl_keys import TRLKeys, TRL_KEYS
+    """The TRL 1.16 keys a config reads besides its fields (translated or refused by itself, trl/keys.py)."""
+    from training_wizard.trl.keys import TRLKeys, TRL_KEYS
 
     return list(TRL_KEYS) if isinstance(cls, type) and issubclass(cls, TRLKeys) else []
 

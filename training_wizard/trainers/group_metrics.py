@@ -1,4 +1,5 @@
-"""TRL 1.16's metric names for GRPO and RLOO, logged beside ours (ours are never renamed).
+"""TRL 1.16's metric names for GRPO and RLOO, logged beside ours (ours are never renamed) by every GRPO and RLOO
+run, recipe or Python API.
 
 TRL's GRPOTrainer and RLOOTrainer log `reward`, `reward_std`, `frac_reward_zero_std`, `rewards/<name>/mean` and
 `/std`, `kl`, `entropy`, `num_tokens`, `step_time`, `completions/*_length`, `completions/clipped_ratio` and
@@ -75,7 +76,7 @@ def reward_metrics(collectives, device, rollout: TrajectoryBatch, std_is_zero: t
     return metrics
 
 
-class TRLMetrics:
+class GroupMetrics:
     """Mixed into a trainer before OnPolicyTrainer: TRL's names beside the shared metrics of every iteration
     (`_iteration_metrics`) and of evaluation (`evaluate`), and the counters train()'s TrainOutput reads."""
 

@@ -1,7 +1,8 @@
 """TRL 1.16's trainer arguments turned into this library's, so that `GRPOTrainer(model=..., reward_funcs=...,
 args=..., train_dataset=...)` as TRL's documentation writes it builds the same trainer as the older
-`GRPOTrainer(config=..., tokenizer=..., policy=..., reward_model=..., train_dataset=...)`: the trainers call
-`trainer_arguments` first and their one constructor path with what it returns (docs/porting_from_trl.md).
+`GRPOTrainer(config=..., tokenizer=..., policy=..., reward_model=..., train_dataset=...)`: the facades
+(trl/trainers.py) call `trainer_arguments` first and the native trainer's keyword-only constructor
+(trainers/group_trainer.py) with what it returns (docs/porting_from_trl.md).
 
 TRL's arguments and what they become:
 - `model`: a folder or cached Hub id, loaded as the `[model]` table loads one (TransformerSpec, safetensors, never
@@ -11,7 +12,7 @@ TRL's arguments and what they become:
   `[model]` table loads it); a given tokenizer without a pad token pads with EOS, as TRL's trainers do;
 - `reward_funcs`, `reward_processing_classes`, `args.reward_weights`: one RewardObjectsSpec (specs/reward_objects.py);
 - `args`: the config (default: the config class's defaults with output_dir "<model name>-GRPO" / "-RLOO", as TRL);
-- `callbacks`: transformers TrainerCallbacks (trainers/callbacks.py); `tools`, `environment_factory`: episodes
+- `callbacks`: transformers TrainerCallbacks (trl/callbacks.py); `tools`, `environment_factory`: episodes
   (rollout/episodes.py), as the older constructor takes them.
 
 Refused with one line each: `optimizers` (the optimizer is AdamW set up from the config with the models,
@@ -33,12 +34,10 @@ import torch
 from pydantic import ValidationError
 
 from training_wizard.errors import UserError
-from training_wizard.rollout.episode_start import environment_rows
-from training_wizard.spec import describe_error, error_key
+from training_wizard.spec import describe_error, error_key, shown
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
-from training_wizard.specs.prompt_rows import check_prompt_rows
 from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.trl_keys import shown
+from training_wizard.trainers.group_trainer import training_rows
 
 # The older constructor's name for each TRL argument it shares a meaning with.
 _SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "policy", "reward_funcs": "reward_model"}
@@ -74,15 +73,13 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     for name in ("train_dataset", "eval_dataset", "tools", "environment_factory"):
         if trl.get(name) is not None:
             passed[name] = trl[name]
-    if passed.get("environment_factory") is not None:  # TRL's modes where the environment supplies the prompt
-        passed["train_dataset"] = environment_rows(passed.get("train_dataset"), passed["environment_factory"],
-                                                   rows_for_one_iteration(config, passed.get("train_dataset")))
-    for name in ("train_dataset", "eval_dataset"):  # before any model loads: a bad row costs no loading time
-        if passed.get(name) is not None:
-            check_prompt_rows(passed[name], name)
+    # before any model loads: a bad row costs no loading time (the native constructor takes the rows as they are)
+    rows = training_rows(config, passed.get("train_dataset"), passed.get("eval_dataset"),
+                         passed.get("environment_factory"))
+    if rows is not None:
+        passed["train_dataset"] = rows
     if not any(trl.get(name) is not None for name in _TRL_ONLY):
-        bind_chat_template_kwargs(passed.get("tokenizer"), config.chat_template_kwargs)
-        return passed  # the older arguments as they were given
+        return passed  # the older arguments as they were given; the native constructor binds chat_template_kwargs
     follow_trl_defaults(config, suffix)
     model = trl["model"] if trl.get("model") is not None else passed.pop("policy", None)
     if model is None:
@@ -99,17 +96,6 @@ def trainer_arguments(config_class: type[OnPolicyConfig], suffix: str, trl: dict
     if passed.get("train_dataset") is None:
         raise UserError("train_dataset: required (a datasets.Dataset with a 'prompt' column, or a list of rows)")
     return passed
-
-
-def rows_for_one_iteration(config: OnPolicyConfig, train_dataset: Any) -> int:
-    """Without a dataset, `reset` supplies every prompt: one iteration's worth of placeholder rows (on one process),
-    so that max_steps, which TRL then requires, sets the run's length (an epoch is one iteration)."""
-    if train_dataset is not None:
-        return 0  # unused: the rows given are kept
-    if config.max_steps is None:
-        raise UserError("train_dataset: not given, so the environment's reset supplies each prompt and max_steps "
-                        "sets the run's length (as in TRL); set args.max_steps")
-    return config.batch_plan(1).prompts_per_iteration
 
 
 def follow_trl_defaults(config: OnPolicyConfig, suffix: str) -> None:

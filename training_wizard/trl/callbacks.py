@@ -17,7 +17,7 @@ flags are not read (logging, evaluation and checkpoints follow logging_steps, ev
 
 The `TrainerState` is the trainer's own `state` (trainers/run_state.py), kept up to date with or without
 callbacks, so a script reads `trainer.state.global_step` and `trainer.state.log_history` after `train()` as it
-does with TRL's trainers; `train()` returns transformers' TrainOutput (trainers/trl_results.py).
+does with TRL's trainers; `train()` returns transformers' TrainOutput (trl/results.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from training_wizard.errors import UserError
-from training_wizard.trainers.trl_results import TRLResults
+from training_wizard.trl.results import TRLResults
 
 
 class StopFromCallback(Exception):
@@ -87,7 +87,7 @@ class CallbackMetrics:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.logger.log(metrics, step)
         self.runner.sync(self.trainer)
-        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/trl_metrics.py)
+        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/group_metrics.py)
         logs = {**metrics, **(wall_clock(metrics) if wall_clock else {}), "epoch": self.runner.state.epoch}
         self.runner.state.log_history.append({**logs, "step": self.runner.state.global_step})
         self.runner.event("on_log", self.trainer, logs=logs)
@@ -102,7 +102,7 @@ class CallbackMetrics:
 class TRLTrainerMethods(TRLResults):
     """Mixed into a trainer before OnPolicyTrainer: raises the callbacks' events around the loop's steps, keeps
     `state` a TrainerState, and adds the methods of TRL's trainers that scripts call besides train()
-    (add_callback, save_model, and trainers/trl_results.py's)."""
+    (add_callback, save_model, and trl/results.py's)."""
 
     events: CallbackRunner  # raises the events and keeps `state` current, with or without callbacks
 

@@ -3,8 +3,9 @@ transformers.TrainingArguments ones included, is accepted with TRL's meaning or 
 it and says what to use instead. None is silently dropped.
 
 `TRL_KEYS` is the one table (docs/trl_options.md is its prose; tests/fixtures/trl_1_16_config_fields.json the list
-it must cover). A key the config has as a field or alias passes to it, after `Rule.translate` where TRL's values
-differ in form (report_to = "none", max_steps = -1, ...). A key the config does not have is translated into ours
+it must cover); the public configs (trl/configs.py) mix `TRLKeys` into the native ones. A key the config has as a
+field or alias passes to it, after `Rule.translate` where TRL's values differ in form (report_to = "none",
+max_steps = -1, ...). A key the config does not have is translated into ours
 (save_strategy = "no" -> save_steps = None), accepted when its value is what we always do (disable_dropout = true,
 hub_strategy = "end"), or refused. What TRL's scripts read off the config after building it (trust_remote_code,
 eval_strategy, resume_from_checkpoint) are read-only properties of `TRLKeys` giving TRL's value for what a run does.
@@ -12,27 +13,17 @@ eval_strategy, resume_from_checkpoint) are read-only properties of `TRLKeys` giv
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import Field, PositiveInt, field_serializer, model_validator
+from pydantic import Field, field_serializer, model_validator
 
-from training_wizard.spec import KeyValueError
+from training_wizard.spec import KeyValueError, shown
 from training_wizard.trainers.run_config import RunConfig
 
 
 class TRLKeyError(KeyValueError):
     """A TRL key refused in one line (its key and detail: spec.KeyValueError)."""
-
-
-def shown(value: Any) -> str:
-    """A value as a recipe writes it."""
-    if value is None:
-        return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value)
 
 
 def is_off(value: Any) -> bool:
@@ -354,7 +345,7 @@ def read_trl_keys(config_class, data: dict[str, Any]) -> dict[str, Any]:
 class TRLKeys(RunConfig):
     """Mixed into a config, it reads TRL's keys through `TRL_KEYS` before validation."""
 
-    # Read by the Python constructor when it loads the model and reward functions itself (trainers/trl_arguments.py,
+    # Read by the Python constructor when it loads the model and reward functions itself (trl/arguments.py,
     # TRL's form); a recipe refuses them (recipes/on_policy.py): its [model] and [reward] tables say the same.
     model_init_kwargs: dict[str, Any] | None = Field(
         None, description="TRL's keywords for loading the model named by the Python constructor's model= (dtype, "
@@ -363,16 +354,6 @@ class TRLKeys(RunConfig):
     reward_weights: list[float] | None = Field(
         None, description="TRL's weights of the Python constructor's reward_funcs, one each (default: 1 each). "
         "Python API only: a recipe sets [reward] reward_weights.")
-
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Extra variables for the chat template, passed to every rendering of a conversation "
-        "(prompts, episode turns, evaluation), e.g. {enable_thinking = false} for Qwen3's template.")
-    num_completions_to_print: PositiveInt | None = Field(
-        None, description="Rows of the sample table printed at each sample event (TRL's name); unset: 4. "
-        "samples.jsonl receives the same rows.")
-    trackio_space_id: str | None = Field(
-        None, description="The Hugging Face Space trackio sends the run to (report_to = [\"trackio\"]); unset: "
-        "trackio logs locally. Without trackio installed it is only recorded in the run's config.")
 
     # Read-only: what TRL's scripts (trl/scripts/grpo.py, rloo.py) read off the config after building it, with
     # TRL's value for what a run here does.
