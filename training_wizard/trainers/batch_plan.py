@@ -137,7 +137,7 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
 
 
 def iterations_ahead(config, batch_size: int) -> int:
-    """Iterations sampled ahead of the one being trained (the async schedule, trainers/async_rollouts.py): 0 in the
+    """Iterations sampled ahead of the one being trained (the async schedule, rollout/asynchronous.py): 0 in the
     synchronous loop, max_staleness by default, else max_inflight_tasks over the `batch_size` completions of one
     iteration, which must divide it (batches are sampled ahead whole)."""
     if not getattr(config, "samples_ahead", False):

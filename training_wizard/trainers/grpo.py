@@ -21,6 +21,7 @@ from training_wizard.core.advantages import ShapedRewards, local_moments, scored
 from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
+from training_wizard.rollout.asynchronous import with_async
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
@@ -62,7 +63,7 @@ class GRPOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrai
                      ref_policy=ref_policy, accelerator=accelerator, **sources)
         resolved = trainer_arguments(GRPOConfig, "GRPO", trl, older)
         callbacks = resolved.pop("callbacks")
-        super().__init__(**resolved)
+        super().__init__(**resolved, source_wrapper=with_async)  # async_rollouts: sampled ahead
         config = self.config
         self.loss_options = GRPOLossOptions(
             loss_type=config.loss_type, epsilon=config.cliprange, epsilon_high=config.epsilon_high,

@@ -18,6 +18,7 @@ import torch
 from training_wizard.core.advantages import ShapedRewards, local_moments
 from training_wizard.core.losses import clipped_surrogate_token
 from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
+from training_wizard.rollout.asynchronous import with_async
 from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.rollout.value import value_logits
@@ -53,7 +54,8 @@ class PPOTrainer(OnPolicyTrainer):
         value_model = value_model if value_model is not None else _default_value_model(policy, reward_model)
         super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
                          train_dataset=train_dataset, ref_policy=ref_policy, eval_dataset=eval_dataset,
-                         accelerator=accelerator, additional_models={"value_model": value_model}, **sources)
+                         accelerator=accelerator, additional_models={"value_model": value_model},
+                         source_wrapper=with_async, **sources)  # async_rollouts: sampled ahead
         self.value_model = self.trained_models["value_model"]
 
     # -- hooks of the shared loop -------------------------------------------------------------------------------

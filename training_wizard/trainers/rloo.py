@@ -10,6 +10,7 @@ from training_wizard.core.advantages import (
 )
 from training_wizard.core.grpo import group_advantages
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
+from training_wizard.rollout.asynchronous import with_async
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.base import OnPolicyTrainer
 from training_wizard.trainers.callbacks import TRLTrainerMethods
@@ -51,7 +52,7 @@ class RLOOTrainer(TRLTrainerMethods, ScoredRowsMetrics, TRLMetrics, OnPolicyTrai
                      ref_policy=ref_policy, accelerator=accelerator, **sources)
         resolved = trainer_arguments(RLOOConfig, "RLOO", trl, older)
         callbacks = resolved.pop("callbacks")
-        super().__init__(**resolved)
+        super().__init__(**resolved, source_wrapper=with_async)  # async_rollouts: sampled ahead
         self.attach_callbacks(callbacks)
 
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
