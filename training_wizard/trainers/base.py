@@ -2,8 +2,8 @@
 
 One iteration:
   1. take this process's prompts of the shared order          `_next_prompts`
-  2-5. sample, truncate, logprobs (policy, reference), score   the rollout source's `collect` (rollout/collector.py):
-                                                              a TrajectoryBatch (rollout/trajectory.py)
+  2-5. sample, truncate, logprobs (policy, reference), score   the loop's source's `take` (rollout/iteration_source.py,
+                                                              rollout/collector.py): a TrajectoryBatch
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
   7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py), subclass `micro_batch_loss`
   8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
