@@ -11,7 +11,7 @@ _LAZY = {
     "RLOOConfig": "training_wizard.trl.configs",
     "RLOOTrainer": "training_wizard.trl.trainers",
     "PPOConfig": "training_wizard.trl.configs",
-    "PPOTrainer": "training_wizard.trainers.ppo",
+    "PPOTrainer": "training_wizard.trl.trainers",
     "GRPOConfig": "training_wizard.trl.configs",
     "GRPOTrainer": "training_wizard.trl.trainers",
     "SFTConfig": "training_wizard.trainers.config",

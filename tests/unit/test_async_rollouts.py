@@ -1,4 +1,4 @@
-"""The one-step-off-policy schedule (async_rollouts, trainers/async_rollouts.py): a bound of 0 is the synchronous
+"""The one-step-off-policy schedule (async_rollouts, rollout/asynchronous.py): a bound of 0 is the synchronous
 run exactly, the schedule is deterministic for a seed, each batch after the first was sampled by the weights one
 update older, and the update corrects it with exp(current - behaviour) logprobs, truncated per token."""
 
@@ -63,9 +63,9 @@ def test_a_stale_batch_holds_the_behaviour_and_current_logprobs_and_is_weighted_
     seen = []
     update = trainer._update
 
-    def record(rollout, shaped):
+    def record(rollout, shaped, off_policy):
         seen.append((rollout, copy.deepcopy(trainer.unwrapped_policy)))
-        return update(rollout, shaped)
+        return update(rollout, shaped, off_policy)
 
     trainer._update = record
     trainer.train()
@@ -75,8 +75,8 @@ def test_a_stale_batch_holds_the_behaviour_and_current_logprobs_and_is_weighted_
 
     def logprobs(model):
         with torch.no_grad():
-            return collector._logprobs(model, stale.prompt_ids, stale.prompt_mask, stale.completion_ids,
-                                       stale.completion_mask)
+            return collector.logprobs_of(model, stale.prompt_ids, stale.prompt_mask, stale.completion_ids,
+                                         stale.completion_mask)
 
     mask = stale.loss_mask
     # behaviour: the weights before the first update sampled it; the ratio's old side: the weights it trains
@@ -161,7 +161,7 @@ def test_the_producer_thread_gives_the_inline_schedule_s_numbers(make, options, 
     threaded, thread_metrics = run(make, tokenizer, tmp_path / "thread", async_rollouts=True, **options)
     inline, inline_metrics = run(make, tokenizer, tmp_path / "inline", async_rollouts=True, async_producer="inline",
                                  **options)
-    assert threaded.producer is not None and inline.producer is None
+    assert threaded.rollout_source.producer is not None and inline.rollout_source.producer is None
     assert thread_metrics[1]["async/trainer_idle_s"] >= 0.0 and "async/trainer_idle_s" not in inline_metrics[1]
     assert comparable(thread_metrics) == comparable(inline_metrics)
     ours, theirs = threaded.unwrapped_policy.state_dict(), inline.unwrapped_policy.state_dict()
@@ -188,7 +188,7 @@ class StallsAtTheThirdBatch:
 
 def test_a_stalled_producer_stops_the_run_with_one_line_and_the_checkpoint_intact(tokenizer, tmp_path, monkeypatch):
     from training_wizard.checkpoint import find_checkpoint, is_valid_checkpoint
-    from training_wizard.trainers.async_rollouts import RolloutProducer
+    from training_wizard.rollout.async_producer import RolloutProducer
 
     reward = StallsAtTheThirdBatch()
     result = RolloutProducer.result

@@ -15,7 +15,7 @@ from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
 from training_wizard.trainers.grpo import GRPOTrainer, grpo_loss
 from training_wizard.trainers.ppo import PPOTrainer, ppo_loss
 from training_wizard.trainers.rloo import RLOOTrainer, rloo_loss
-from training_wizard.trainers.update import PolicyForward
+from training_wizard.trainers.update import PolicyForward, UpdateResult
 from training_wizard.testing import build_causal_lm
 
 from tests.helpers import prompts, x_share
@@ -105,7 +105,7 @@ def test_environment_tokens_change_no_advantage_metric_or_loss(kind, options, to
 
     # step 8: every logged statistic of the rollout
     def metrics(batch, shaped):
-        logged = trainer._iteration_metrics(batch, shaped, {}, eps=1.0, lr=0.0, update_seconds=0.0)
+        logged = trainer._iteration_metrics(batch, shaped, UpdateResult(), eps=1.0, lr=0.0, update_seconds=0.0)
         return {k: v for k, v in logged.items() if not k.startswith(WALL_CLOCK)}
 
     assert metrics(mixed, mixed_shaped) == metrics(compact, compact_shaped)

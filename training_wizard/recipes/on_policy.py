@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from training_wizard.rollout.asynchronous import with_async
 from training_wizard.errors import UserError
 from training_wizard.recipes.final_model import save_final_model
 from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
@@ -66,7 +67,7 @@ class OnPolicyRecipe(Recipe):
         trainer = getattr(importlib.import_module(module), name)
         return trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
                        reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
-                       accelerator=accelerator, **self.environment_factory())
+                       accelerator=accelerator, source_wrapper=with_async, **self.environment_factory())
 
     @model_validator(mode="after")
     def _something_gives_prompts(self) -> OnPolicyRecipe:

@@ -224,7 +224,7 @@ class RolloutCollector:
         if settings.logprobs_from_sampling:
             logprobs = sampled.sampling_logprobs
         else:
-            logprobs = self._logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
+            logprobs = self.logprobs_of(engine.model, prompt_ids, prompt_mask, responses, mask)
         ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
                         if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
         extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
@@ -273,7 +273,8 @@ class RolloutCollector:
             all_finished=self.collectives.all_true if engine.sharded else None, agree_width=self.collectives.max_int,
         )
 
-    def _logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
+    def logprobs_of(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
+        """`model`'s logprobs of the completion tokens, (B, T), as the rollout's no-grad passes compute them."""
         settings = self.settings
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
@@ -282,9 +283,9 @@ class RolloutCollector:
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         if self.ref_policy is not None:
-            return self._logprobs(self.ref_policy, prompt_ids, prompt_mask, responses, mask)
+            return self.logprobs_of(self.ref_policy, prompt_ids, prompt_mask, responses, mask)
         with unwrap_model(self.accelerator, self.policy).disable_adapter():  # LoRA: the base model is the reference
-            return self._logprobs(model, prompt_ids, prompt_mask, responses, mask)
+            return self.logprobs_of(model, prompt_ids, prompt_mask, responses, mask)
 
     def _score(self, prompts: EncodedPrompts, rows, queries, completions, sampled: Sampled, step: int,
                episode: EpisodeScoring | None = None) -> tuple[torch.Tensor, dict[str, list[float]], FunctionLogs]:

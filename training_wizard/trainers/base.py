@@ -2,8 +2,8 @@
 
 One iteration:
   1. take this process's prompts of the shared order          `_next_prompts`
-  2-5. sample, truncate, logprobs (policy, reference), score   the rollout source's `collect` (rollout/collector.py):
-                                                              a TrajectoryBatch (rollout/trajectory.py)
+  2-5. sample, truncate, logprobs (policy, reference), score   the loop's source's `take` (rollout/iteration_source.py,
+                                                              rollout/collector.py): a TrajectoryBatch
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
   7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py), subclass `micro_batch_loss`
   8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
@@ -17,7 +17,6 @@ schedule are set up once by trainers/setup.py; the update loop of step 7 is in t
 
 from __future__ import annotations
 
-import collections
 import math
 import time
 import dataclasses
@@ -36,6 +35,7 @@ from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.episodes import episode_source, prepare_episodes
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
+from training_wizard.rollout.iteration_source import IterationSource, SourceContext, SourceWrapper
 from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
@@ -46,7 +46,6 @@ from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
-from training_wizard.trainers.async_rollouts import async_metrics, batches_ahead, next_rollout, sample_ahead
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.environment_failures import stop_on_environment_failures
 from training_wizard.trainers.reward_logs import record_samples, reward_log_metrics
@@ -55,7 +54,7 @@ from training_wizard.trainers.setup import generation_backend as choose_generati
 from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
-from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop
+from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +76,6 @@ class OnPolicyTrainer(UpdateLoop):
     """
 
     config: OnPolicyConfig
-    # async_rollouts (trainers/async_rollouts.py): the thread that samples batches ahead; set up in __init__,
-    # `batches_ahead` (iterations sampled ahead) and `pending_rollouts` (their PendingBatch, oldest first)
-    producer: Any = None
     last_saved_step: int | None = None  # step of the newest checkpoint written or loaded
 
     def __init__(
@@ -97,7 +93,7 @@ class OnPolicyTrainer(UpdateLoop):
         rollout_source: RolloutSource | Callable[[RolloutCollector], RolloutSource] | None = None,
         environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
         tools: list[Callable] | None = None,
-        episode_settings: EpisodeSettings | None = None,
+        episode_settings: EpisodeSettings | None = None, source_wrapper: SourceWrapper | None = None,
     ):
         """additional_models: models trained beside the policy with the same optimizer, by checkpoint folder name
         (PPO's value model). generation_backend: what samples completions (rollout/backends.py), instead of the
@@ -106,7 +102,8 @@ class OnPolicyTrainer(UpdateLoop):
         backend, and runs the logprob passes and scoring of any token batch) and returns the source.
         environment_factory (a mapping of them routes rows by their `environment` column) and tools, TRL's
         arguments: the rollout becomes episodes (rollout/episodes.py) played as `episode_settings` say; then
-        reward_model may be None (the environment's reward is the reward)."""
+        reward_model may be None (the environment's reward is the reward). source_wrapper: what the loop asks for
+        each iteration's batch, made of that source (default: `IterationSource`, sampled now)."""
         self.tokenizer = tokenizer
         episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings, reward_model is not None)
         self.accelerator = accelerator or make_accelerator(config)
@@ -121,7 +118,6 @@ class OnPolicyTrainer(UpdateLoop):
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
-        self.batches_ahead, self.pending_rollouts = batches_ahead(config, self.plan), collections.deque()
         self.reward = as_reward(EnvironmentReward() if reward_model is None and episodes else reward_model)
         self._setup_models(policy, ref_policy, additional_models or {})
         longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
@@ -135,7 +131,7 @@ class OnPolicyTrainer(UpdateLoop):
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
             extra_passes=self.extra_rollout_passes(), backend=self.generation,
         )
-        self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory, episodes)
+        self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory, episodes, source_wrapper)
         self.is_main = self.accelerator.is_main_process
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.samples = SampleTable(config.output_dir, enabled=self.is_main)
@@ -144,14 +140,21 @@ class OnPolicyTrainer(UpdateLoop):
         self.sample_every = max(1, self.plan.num_iterations // events) if events else 0
 
     # ---------------------------------------------------------------------------------------------- set-up
-    def _choose_rollout_source(self, rollout_source, environment_factory, episodes) -> RolloutSource:
-        """The given source (or what its factory makes of the collector), episodes with the given environment,
-        or the single-turn collector."""
+    def _choose_rollout_source(self, rollout_source, environment_factory, episodes,
+                               source_wrapper: SourceWrapper | None) -> IterationSource:
+        """The loop's source (`source_wrapper`'s, else `IterationSource`) of the given source (or what its factory
+        makes of the collector), episodes with the given environment, or the single-turn collector."""
         if episodes is not None:
             rollout_source = episode_source(environment_factory, episodes, self.config)
         if rollout_source is None:
-            return self.collector
-        return rollout_source if hasattr(rollout_source, "collect") else rollout_source(self.collector)
+            rollout_source = self.collector
+        elif not hasattr(rollout_source, "collect"):
+            rollout_source = rollout_source(self.collector)
+        context = SourceContext(self.config, self.plan, self.accelerator, self.collectives, self.collector,
+                                lambda: self.unwrapped_policy, lambda: self.state.prompt_order.state_dict())
+        source = source_wrapper(rollout_source, context) if source_wrapper else IterationSource(rollout_source)
+        self.state.parts.append(source)
+        return source
 
     def _sampling_settings(self) -> SamplingSettings:
         config = self.config
@@ -245,16 +248,17 @@ class OnPolicyTrainer(UpdateLoop):
             progress.close()
             self.metrics.close()
             self.generation.close()
-            if self.producer is not None:  # async_rollouts: its queued batches are dropped
-                self.producer.close()
+            self.rollout_source.close()
 
     def _iteration(self, stop: StopRequest, progress: ProgressDisplay) -> None:
         self._iteration_started = time.perf_counter()
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
-        # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score (async_rollouts: sampled ahead)
+        # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score (or the batch the source sampled ahead)
         try:
-            rollout = next_rollout(self)  # async_rollouts: sampled ahead, or sampled again if too stale
-            sample_ahead(self)  # async_rollouts: the next iterations' batches, by the weights before this update
+            taken = self.rollout_source.take(self.state.iteration, self.next_request)
+            rollout = taken.batch
+            self.prompt_log.record(self.state.iteration + 1, list(taken.prompt_ids), taken.reissued)
+            self.rollout_source.prepare_ahead(self.state.iteration, self.next_request)  # before the update
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
@@ -262,21 +266,19 @@ class OnPolicyTrainer(UpdateLoop):
         skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
         # 7. the update
         update_started = time.perf_counter()
-        update_stats = {} if skip_update else self._update(rollout, shaped)
+        update = UpdateResult() if skip_update else self._update(rollout, shaped, self.rollout_source.off_policy)
         self.generation.weights_changed()  # the one point where the sampled-from weights go stale (vLLM: pushed)
         update_seconds = time.perf_counter() - update_started
         # 8. counters, logs, samples, evaluation, checkpoint
         try:
-            self._record_iteration(rollout, shaped, update_stats, update_seconds, progress)
+            self._record_iteration(rollout, shaped, update, update_seconds, progress)
         except StoppedWhileWaiting:  # in the sample probes' or evaluation's reward: the iteration is counted
             self._stop(stop)
         self._safe_point_after_iteration(stop)
 
     def collect_rollout(self, iteration: int | None = None, request: RolloutRequest | None = None) -> TrajectoryBatch:
         """Steps 1-5: `request` (default: next_request(iteration)), sampled and scored with the current weights."""
-        rollout = self.rollout_source.collect(request or self.next_request(iteration))
-        fault_point("generation", self.state.iteration)
-        return rollout
+        return self.rollout_source.sampled_now(request or self.next_request(iteration), self.state.iteration)
 
     def next_request(self, iteration: int | None = None) -> RolloutRequest:
         """The next prompts of the shared order, as the request of iteration `iteration` (default: the current)."""
@@ -309,7 +311,7 @@ class OnPolicyTrainer(UpdateLoop):
         return RolloutRequest(prompts, rows, seeds, group_ids if group_ids is not None else list(range(len(rows))),
                               step, self.state.iteration)
 
-    def _record_iteration(self, rollout, shaped, update_stats, update_seconds: float, progress) -> None:
+    def _record_iteration(self, rollout, shaped, update: UpdateResult, update_seconds: float, progress) -> None:
         from training_wizard.checkpoint import save_checkpoint
 
         plan, config = self.plan, self.config
@@ -319,7 +321,7 @@ class OnPolicyTrainer(UpdateLoop):
         self.state.episode += plan.batch_size
         # this iteration's rate (sampling, scoring and update), not a running average since the start
         eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
-        metrics = self._iteration_metrics(rollout, shaped, update_stats, eps, lr, update_seconds)
+        metrics = self._iteration_metrics(rollout, shaped, update, eps, lr, update_seconds)
         metrics.update(reward_log_metrics(self.collectives, rollout, metrics, self.reward))  # log_metric's, by name
         if config.skip_nonfinite_batches:
             metrics["guards/skipped_batches"] = self.state.skipped_batches
@@ -364,9 +366,9 @@ class OnPolicyTrainer(UpdateLoop):
         stop_with_checkpoint(self, stop, state)
 
     # ---------------------------------------------------------------------------------------------- metrics
-    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped: ShapedRewards, update_stats: dict[str, float],
+    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped: ShapedRewards, update: UpdateResult,
                            eps: float, lr: float, update_seconds: float) -> dict:
-        device = self.accelerator.device
+        device, update_stats = self.accelerator.device, update.stats
 
         def mean(values: torch.Tensor) -> float:
             return float(self.collectives.mean(values.float().mean().to(device)))
@@ -400,8 +402,8 @@ class OnPolicyTrainer(UpdateLoop):
         if rollout.episode_stats:
             metrics.update(episode_metrics(self.collectives, device, rollout))
             metrics["episodes/failed_total"] = self.state.failed_episodes
-        if self.config.samples_ahead:
-            metrics.update(async_metrics(self, rollout))
+        metrics.update(self.rollout_source.metrics(rollout, self.state.iteration))
+        metrics.update(update.corrections)  # the update's own correction weights, in place of the batch's above
         return metrics
 
     def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:

@@ -64,9 +64,11 @@ class BatchPlan:
     prompts_per_iteration: int
     total_episodes: int
     num_iterations: int
+    iterations_ahead: int = 0  # the async schedule's depth (rollout/asynchronous.py reads it); 0 when synchronous
 
     def rows(self) -> list[tuple[str, int]]:
-        return list(asdict(self).items())
+        """The batch sizes --dry-run shows (the schedule's depth is the async keys' business, not a size)."""
+        return [(name, value) for name, value in asdict(self).items() if name != "iterations_ahead"]
 
 
 def mini_batches_from_steps_per_generation(config: BatchSettings) -> int:
@@ -109,7 +111,7 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
             f" {config.num_mini_batches}) must be a multiple of {config.group_key} ({group})"
         )
     batch = local * world_size
-    iterations_ahead(config, batch)
+    ahead = iterations_ahead(config, batch)
     total = config.total_episodes
     if config.max_steps is not None:
         if total is not None:
@@ -133,11 +135,12 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
         prompts_per_iteration=batch // group,
         total_episodes=total,
         num_iterations=math.ceil(total / batch),
+        iterations_ahead=ahead,
     )
 
 
 def iterations_ahead(config, batch_size: int) -> int:
-    """Iterations sampled ahead of the one being trained (the async schedule, trainers/async_rollouts.py): 0 in the
+    """Iterations sampled ahead of the one being trained (the async schedule, rollout/asynchronous.py): 0 in the
     synchronous loop, max_staleness by default, else max_inflight_tasks over the `batch_size` completions of one
     iteration, which must divide it (batches are sampled ahead whole)."""
     if not getattr(config, "samples_ahead", False):

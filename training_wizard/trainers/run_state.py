@@ -30,42 +30,38 @@ class RunState(TrainerState):
         self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
         self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
-        # async_rollouts: the prompt order's state before the first batch sampled ahead of its iteration was taken.
-        # A checkpoint saves it, so a resumed run samples those batches again rather than losing their prompts.
-        self.order_before_pending: dict[str, Any] | None = None
-        self.pending_prompts = 0  # prompts in those batches
-        # prompts sampled again: after resumes (their batches dropped with the stop) and after stale batches
-        self.reissued_prompts = 0
-        self.dropped_stale_rows = 0  # completions dropped as staler than max_staleness
         # episodes whose environment failed (trainers/environment_failures.py), and the iterations in a row in which
         # more of them failed than max_environment_failures allows
         self.failed_episodes = 0
         self.failed_iterations_in_a_row = 0
+        # what else keeps its state in this one (the on-policy loop's rollout source, rollout/iteration_source.py):
+        # `state_dict(saved) -> saved` amends the saved state, `load_state_dict(saved)` reads its part back
+        self.parts: list[Any] = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "iteration": self.iteration,
             "episode": self.episode,
             "skipped_batches": self.skipped_batches,
-            "prompt_order": self.order_before_pending or self.prompt_order.state_dict(),
+            "prompt_order": self.prompt_order.state_dict(),
             "update_generator": self.update_generator.get_state(),
             "torch_rng": torch.get_rng_state(),
-            # a run resumed from this state samples the pending batches' prompts again
-            "reissued_prompts": self.reissued_prompts + (self.pending_prompts if self.order_before_pending else 0),
-            "dropped_stale_rows": self.dropped_stale_rows,
             "failed_episodes": self.failed_episodes,
             "failed_iterations_in_a_row": self.failed_iterations_in_a_row,
             "num_input_tokens_seen": self.num_input_tokens_seen,
         }
+        for part in self.parts:
+            state = part.state_dict(state)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration, self.episode = int(state["iteration"]), int(state["episode"])
         self.skipped_batches = int(state.get("skipped_batches", 0))
-        self.reissued_prompts = int(state.get("reissued_prompts", 0))
-        self.dropped_stale_rows = int(state.get("dropped_stale_rows", 0))
         self.failed_episodes = int(state.get("failed_episodes", 0))
         self.failed_iterations_in_a_row = int(state.get("failed_iterations_in_a_row", 0))
         self.num_input_tokens_seen = int(state.get("num_input_tokens_seen", 0))
         self.prompt_order.load_state_dict(state["prompt_order"])
         self.update_generator.set_state(state["update_generator"])
         torch.set_rng_state(state["torch_rng"])
+        for part in self.parts:
+            part.load_state_dict(state)

@@ -9,8 +9,9 @@ statistics over processes. Every statistic of the loop reads the loss mask.
 
 from __future__ import annotations
 
+import types
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,10 +22,12 @@ from training_wizard.core.logprobs import TokenLogprobs
 from training_wizard.core.masking import masked_mean
 from training_wizard.core.importance_sampling import sampling_correction_weights
 from training_wizard.memory import release_free_host_memory
+from training_wizard.rollout.iteration_source import OffPolicyRule
 from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import engine_kind
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
+from training_wizard.trainers.rollout_metrics import sampling_metrics
 
 
 @dataclass
@@ -58,13 +61,34 @@ class PolicyForward:
     correction: ImportanceWeights | None
 
 
+@dataclass
+class UpdateResult:
+    """What an update gives the iteration's metrics: its statistics (averaged over micro-batches and processes), and
+    the sampling/* metrics of the corrections it computed against its own pass (`OffPolicyRule.report`), which
+    replace those of the batch's logprobs; both empty when the update was skipped."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+    corrections: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OffPolicyPass:
+    """An update over a batch that its source samples off-policy (`rule`), and the corrections computed against
+    the update's own pass, per micro-batch: (proximal logprobs, behaviour logprobs, loss mask, weights)."""
+
+    rule: OffPolicyRule
+    corrections: list[tuple] = field(default_factory=list)
+
+
 class UpdateLoop:
     """The update loop of `OnPolicyTrainer` (trainers/base.py), which provides what it reads: `config`, `plan`,
     `state`, `accelerator`, `collectives`, `trained_models`, `optimizer_step`, `deepspeed_guard`, `policy_forward` and
     the algorithm's hooks `micro_batch_loss` and `optimizer_step_totals`."""
 
-    def _update(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> dict[str, float]:
+    def _update(self, rollout: TrajectoryBatch, shaped: ShapedRewards,
+                off_policy: OffPolicyRule | None = None) -> UpdateResult:
         """num_ppo_epochs x num_mini_batches optimizer steps, each over gradient_accumulation_steps micro-batches.
+        `off_policy`: the rule of a source whose batches may be sampled by older weights (None: on-policy).
 
         `accelerator.accumulate` divides each micro-batch loss by the accumulation steps, skips the gradient
         all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
@@ -76,7 +100,7 @@ class UpdateLoop:
         for model in self.trained_models.values():
             model.train()
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
-        self.update_corrections: list[tuple] = []  # async_rollouts, one pass: the correction of each micro-batch
+        stale = OffPolicyPass(off_policy) if off_policy is not None else None
         ratios: list[torch.Tensor] = []
         self.last_grad_norm: float | None = None
         for epoch in range(config.num_ppo_epochs):
@@ -89,7 +113,7 @@ class UpdateLoop:
                 for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
                     index = order[start : start + plan.micro_batch_size]
                     with self.accelerator.accumulate(*self.trained_models.values()):
-                        ratios.append(self._micro_step(rollout, shaped, index, totals, stats, flags))
+                        ratios.append(self._micro_step(rollout, shaped, index, totals, stats, flags, stale))
                         if self.accelerator.sync_gradients:
                             self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
                 fault_point("update", self.state.iteration)
@@ -98,7 +122,8 @@ class UpdateLoop:
         summary.update(self._ratio_summary(ratios))
         if self.last_grad_norm is not None:  # transformers' grad_norm: the last optimizer step's, before clipping
             summary["grad_norm"] = self.last_grad_norm
-        return summary
+        reported = stale is not None and stale.rule.report
+        return UpdateResult(summary, self._correction_metrics(stale.corrections) if reported else {})
 
     def optimizer_step_totals(self, shaped: ShapedRewards, order: torch.Tensor) -> list | None:
         """Per mini-batch of this epoch's `order`, what a loss normalised by the whole optimizer step needs to know
@@ -107,9 +132,9 @@ class UpdateLoop:
         collective). None: unused."""
         return None
 
-    def policy_forward(self, rows: dict[str, torch.Tensor]) -> PolicyForward:
+    def policy_forward(self, rows: dict[str, torch.Tensor], stale: OffPolicyPass | None = None) -> PolicyForward:
         """The policy's logprobs (with gradient) and entropy on `rows`, the ratio's old side, and the sampling
-        correction."""
+        correction (`stale`: the rows were sampled off-policy, see `_update`)."""
         config = self.config
         token = response_token_logprobs(
             self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"],
@@ -117,12 +142,12 @@ class UpdateLoop:
             from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
         old = token.logprobs.detach() if config.single_update_pass else rows["logprobs"]
         correction = None
-        # a stale batch (async_rollouts) is always corrected; the vLLM gap alone when the option says so
-        if "sampling_logprobs" in rows and (config.vllm_importance_sampling_correction or config.async_rollouts):
-            if config.async_rollouts and config.single_update_pass:
+        # a batch sampled off-policy is always corrected; the vLLM gap alone when the option says so
+        if "sampling_logprobs" in rows and (config.vllm_importance_sampling_correction or stale is not None):
+            if stale is not None and config.single_update_pass:
                 # one pass: this forward's own logprobs are the proximal policy's (the batch was not refreshed)
                 correction = self._correction_weights(old, rows["sampling_logprobs"], rows["loss_mask"])
-                self.update_corrections.append((old, rows["sampling_logprobs"], rows["loss_mask"], correction))
+                stale.corrections.append((old, rows["sampling_logprobs"], rows["loss_mask"], correction))
             else:
                 correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
         return PolicyForward(token, old, correction)
@@ -146,14 +171,29 @@ class UpdateLoop:
             config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max,
         )
 
-    def _micro_step(self, rollout, shaped: ShapedRewards, index, step_totals, stats,
-                    flags: torch.Tensor) -> torch.Tensor:
+    def _correction_metrics(self, parts: list[tuple]) -> dict[str, float]:
+        """The sampling/* metrics of the corrections the update computed itself (one pass over a batch sampled
+        off-policy, which was not refreshed): the gap between the proximal and the behaviour logprobs, and the
+        bounded weights."""
+        if not parts:
+            return {}
+        per_sequence = self.correction_mode.startswith("sequence")
+        flat = types.SimpleNamespace(
+            logprobs=torch.cat([proximal[mask] for proximal, _, mask, _ in parts]),
+            sampling_logprobs=torch.cat([behaviour[mask] for _, behaviour, mask, _ in parts]))
+        flat.loss_mask = torch.ones_like(flat.logprobs, dtype=torch.bool)
+        weights = ImportanceWeights(token=torch.cat([w.token[mask] for _, _, mask, w in parts]),
+                                    sequence=torch.cat([w.sequence for *_, w in parts]), raw=flat.logprobs)
+        return sampling_metrics(self.collectives, self.accelerator.device, flat, weights, per_sequence)
+
+    def _micro_step(self, rollout, shaped: ShapedRewards, index, step_totals, stats, flags: torch.Tensor,
+                    stale: OffPolicyPass | None = None) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its ratios on loss tokens (flattened) for val/ratio."""
         rows = rollout.rows(index)  # cut to the rows' content: no work on padding
         width = rows.pop("width")
         shaped_rows = {name: value[index, :width] if value.dim() == 2 else value[index]
                        for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
-        out = self.micro_batch_loss(rows, shaped_rows, self.policy_forward(rows), step_totals)
+        out = self.micro_batch_loss(rows, shaped_rows, self.policy_forward(rows, stale), step_totals)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")
         with torch.no_grad():  # numerical guard: one isfinite reduction per tensor, no host sync here

@@ -13,7 +13,8 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from training_wizard.trainers import grpo, rloo
+from training_wizard.rollout.asynchronous import with_async
+from training_wizard.trainers import grpo, ppo, rloo
 from training_wizard.trl.arguments import trainer_arguments
 from training_wizard.trl.callbacks import TRLTrainerMethods
 from training_wizard.trl.configs import GRPOConfig, RLOOConfig
@@ -40,6 +41,7 @@ class TRLTrainer(TRLTrainerMethods):
         """Build the native trainer of `given` (a facade's parameters), then attach TRL's callbacks."""
         resolved = trainer_arguments(config_class, suffix, *split_arguments(given))
         callbacks = resolved.pop("callbacks")
+        resolved.setdefault("source_wrapper", with_async)  # async_rollouts: batches sampled ahead
         super().__init__(**resolved)
         self.attach_callbacks(callbacks)
 
@@ -88,3 +90,13 @@ class RLOOTrainer(TRLTrainer, rloo.RLOOTrainer):
         `rollout_source`, and `environment_factory`, `tools` and `episode_settings` for episodes, as for every
         trainer (trainers/base.py)."""
         self.build_from(RLOOConfig, "RLOO", locals())
+
+
+class PPOTrainer(ppo.PPOTrainer):
+    """PPO (trainers/ppo.py) as `training_wizard` exports it: the native constructor (`config=`, `tokenizer=`,
+    `policy=`, `reward_model=`, `train_dataset=`, `ref_policy=`, `value_model=`, `eval_dataset=`, `accelerator=`,
+    and the rollout sources), with the async_rollouts schedule as GRPO's and RLOO's."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("source_wrapper", with_async)  # async_rollouts: batches sampled ahead
+        super().__init__(*args, **kwargs)
