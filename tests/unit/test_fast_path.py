@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from training_wizard import RLOOConfig, RLOOTrainer
-from training_wizard.rollout.generation import GenerationParams, distinct_rows, sample
+from training_wizard.rollout.generation import GenerationParams, sample
 from training_wizard.rollout.scoring import (
-    batched_logprobs, content_columns, plain_output_head, response_logits, shared_prompt_logits,
+    batched_logprobs, content_columns, distinct_rows, plain_output_head, response_logits, shared_prompt_logits,
 )
 from training_wizard.core.logprobs import head_logprobs, logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm

@@ -25,7 +25,8 @@ from training_wizard.legacy.recipe import is_legacy_recipe, migrated_text, trans
 from training_wizard.legacy.translation import (
     GRPO_CLASS, LEGACY_TABLES, MODULAR_CLASS, RLOO_CLASSES, Note, Translation, check_top_keys,
 )
-from training_wizard.specs.reward import RewardSpec, iterations_before
+from training_wizard.specs.reward import RewardSpec
+from training_wizard.specs.reward_functions import iterations_before
 
 __all__ = [
     "GRPO_CLASS", "LEGACY_TABLES", "MODULAR_CLASS", "RLOO_CLASSES", "LegacyRewardSpec", "LegacyTrainerView", "Note",

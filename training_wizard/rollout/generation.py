@@ -16,6 +16,9 @@ import torch
 
 from training_wizard.core.masking import is_stop_token
 from training_wizard.rollout.sampling import SamplingFilters, greedy_with_logprobs, sample_with_logprobs
+from training_wizard.rollout.scoring import (
+    distinct_rows, last_positions, plain_key_value_cache, position_ids_from_mask,
+)
 
 
 @dataclass
@@ -39,22 +42,6 @@ def default_stop_token_ids(tokenizer, model) -> tuple[int, ...]:
         if int(token) not in ids:
             ids.append(int(token))
     return tuple(ids)
-
-
-def last_positions(end: int, count: int, device) -> torch.Tensor:
-    """`logits_to_keep` for the `count` positions before `end`, as position indices rather than a count.
-
-    Given a count, transformers slices the hidden states, and the vocabulary projection of that strided slice
-    falls back to a batched matmul over a copy of the whole output matrix per row: measured on CPU with a
-    49,152-token vocabulary, 64 rows x 33 positions took 5.5 s in bfloat16 (1.8 s in float32) against 0.39 s
-    (1.3 s) from the contiguous gather that indices give.
-    """
-    return torch.arange(end - count, end, device=device)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding: 0 at each row's first real token. (B, L) -> (B, L) long."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @dataclass(frozen=True)
@@ -200,14 +187,6 @@ def _keep_rows(cache, kept: torch.Tensor, capacity: int | None) -> None:
         _buffer_rows(layer, kept, capacity)
 
 
-def plain_key_value_cache(cache) -> bool:
-    """Whether every layer of a transformers cache holds only keys and values (`DynamicLayer`): sliding-window,
-    hybrid and quantised layers keep more state, which code that sets `keys` and `values` itself would bypass."""
-    from transformers.cache_utils import DynamicLayer
-
-    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
-
-
 def _write_in_place(cache, copies: torch.Tensor, capacity: int) -> bool:
     """Give each layer of a plain key/value cache buffers for `capacity` positions, filled with row i's prompt
     `copies[i]`, that later steps write into. Returns False, changing nothing, for other caches (sliding-window,
@@ -244,20 +223,3 @@ def _write_next(layer, key_buffer, value_buffer, key_states, value_states, *args
     value_buffer[:, :, start:end] = value_states
     layer.keys, layer.values = key_buffer[:, :, :end], value_buffer[:, :, :end]
     return layer.keys, layer.values
-
-
-def distinct_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indices of the first row of each distinct prompt, for every row the position of its prompt among them).
-
-    Two rows are the same prompt when their ids and mask are equal. Order of first appearance is kept, so a batch
-    without repeats gives (arange(B), arange(B)) and runs exactly as before.
-    """
-    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    batch = rows.shape[0]
-    first = torch.full((int(inverse.max()) + 1,), batch, dtype=torch.long, device=rows.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(batch, device=rows.device), reduce="amin")
-    order = torch.argsort(first)  # distinct prompts in order of first appearance
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.shape[0], device=rows.device)
-    return first[order], rank[inverse]

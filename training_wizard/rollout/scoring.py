@@ -1,4 +1,10 @@
-"""No-grad passes over prompt + response: logprobs of policy or reference, and sequence-classifier scores."""
+"""Passes over prompt + response: logprobs of policy or reference (no-grad in the rollout, with gradient in the
+update), and sequence-classifier scores.
+
+The helpers that lay out such a pass (positions that skip left padding, `logits_to_keep` as indices, the rows
+holding the same prompt, whether a KV cache is plain keys and values) live here too; the sampler
+(rollout/generation.py) lays out its prefill with the same ones.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,22 @@ import functools
 import torch
 
 from training_wizard.core.logprobs import TokenLogprobs, head_logprobs, logprobs_and_entropy, selective_logprobs
-from training_wizard.rollout.generation import (
-    distinct_rows, last_positions, plain_key_value_cache, position_ids_from_mask,
-)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token. (B, L) -> (B, L) long."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_positions(end: int, count: int, device) -> torch.Tensor:
+    """`logits_to_keep` for the `count` positions before `end`, as position indices rather than a count.
+
+    Given a count, transformers slices the hidden states, and the vocabulary projection of that strided slice
+    falls back to a batched matmul over a copy of the whole output matrix per row: measured on CPU with a
+    49,152-token vocabulary, 64 rows x 33 positions took 5.5 s in bfloat16 (1.8 s in float32) against 0.39 s
+    (1.3 s) from the contiguous gather that indices give.
+    """
+    return torch.arange(end - count, end, device=device)
 
 
 def response_logits(model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:
@@ -136,6 +155,31 @@ def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> t
     real_response = response_mask.any(0).nonzero()
     end = int(real_response[-1]) + 1 if real_response.numel() else 1
     return start, end
+
+
+def distinct_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices of the first row of each distinct prompt, for every row the position of its prompt among them).
+
+    Two rows are the same prompt when their ids and mask are equal. Order of first appearance is kept, so a batch
+    without repeats gives (arange(B), arange(B)) and runs exactly as before.
+    """
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    batch = rows.shape[0]
+    first = torch.full((int(inverse.max()) + 1,), batch, dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(batch, device=rows.device), reduce="amin")
+    order = torch.argsort(first)  # distinct prompts in order of first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.shape[0], device=rows.device)
+    return first[order], rank[inverse]
+
+
+def plain_key_value_cache(cache) -> bool:
+    """Whether every layer of a transformers cache holds only keys and values (`DynamicLayer`): sliding-window,
+    hybrid and quantised layers keep more state, which code that sets `keys` and `values` itself would bypass."""
+    from transformers.cache_utils import DynamicLayer
+
+    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def shared_prompt_logits(

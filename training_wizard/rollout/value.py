@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from training_wizard.rollout.generation import position_ids_from_mask
+from training_wizard.rollout.scoring import position_ids_from_mask
 
 
 def value_logits(value_model: torch.nn.Module, prompt_ids, prompt_mask, responses) -> torch.Tensor:

@@ -125,12 +125,6 @@ class RewardSpec(Spec):
         return total, components
 
 
-def iterations_before(step: int) -> int:
-    """TRL's `global_step` seen by reward code scoring `step` (numbered as metrics and checkpoints: the first
-    iteration's rollout is step 1): the iterations completed before it, 0 at the first."""
-    return max(step - 1, 0)
-
-
 class FunctionRewardSpec(RewardSpec):
     """Wrap a plain function `fn(prompts, completions, **columns) -> list[float]` named as 'pkg.mod:fn'."""
 

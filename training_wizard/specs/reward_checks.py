@@ -77,3 +77,12 @@ def check_rewards(values: Any, expected: int, component: str, step: int) -> list
             raise RewardError(f"reward {component} at step {step}, row {row}: value is {number} (must be finite)")
         out.append(number)
     return out
+
+
+def check_allowing_none(values: Any, expected: int, label: str, step: int) -> list[float]:
+    """`check_rewards`, except that None is allowed and becomes NaN (the function does not score that row)."""
+    if isinstance(values, (list, tuple)):
+        missing = {row for row, value in enumerate(values) if value is None}
+        checked = check_rewards([0.0 if value is None else value for value in values], expected, label, step)
+        return [math.nan if row in missing else value for row, value in enumerate(checked)]
+    return check_rewards(values, expected, label, step)

@@ -39,8 +39,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from training_wizard.errors import UserError
 from training_wizard.timeouts import note_doing, on_abandon
-from training_wizard.specs.reward import FunctionLogs, RewardSpec, iterations_before, resolve_function
-from training_wizard.specs.reward_checks import check_rewards, guarded_call
+from training_wizard.specs.reward import FunctionLogs, RewardSpec, resolve_function
+from training_wizard.specs.reward_checks import check_allowing_none, guarded_call
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ class RewardTrainerState:
     counts the optimizer steps completed; ours counts iterations (each one rollout and its update)."""
 
     global_step: int
+
+
+def iterations_before(step: int) -> int:
+    """TRL's `global_step` seen by reward code scoring `step` (numbered as metrics and checkpoints: the first
+    iteration's rollout is step 1): the iterations completed before it, 0 at the first."""
+    return max(step - 1, 0)
 
 
 class RewardFunctionsSpec(RewardSpec):
@@ -267,15 +273,6 @@ def reward_event_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="reward-functions", daemon=True).start()
             _reward_loop = (os.getpid(), loop)
         return _reward_loop[1]
-
-
-def check_allowing_none(values: Any, expected: int, label: str, step: int) -> list[float]:
-    """`check_rewards`, except that None is allowed and becomes NaN (the function does not score that row)."""
-    if isinstance(values, (list, tuple)):
-        missing = {row for row, value in enumerate(values) if value is None}
-        checked = check_rewards([0.0 if value is None else value for value in values], expected, label, step)
-        return [math.nan if row in missing else value for row, value in enumerate(checked)]
-    return check_rewards(values, expected, label, step)
 
 
 def weighted_totals(components: dict[str, list[float]], weights: list[float]) -> tuple[list[float], int]:
