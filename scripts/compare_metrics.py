@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-WALL_CLOCK = ("eps", "tokens_per_s", "time/", "memory/")
+WALL_CLOCK = ("eps", "tokens_per_s", "time/", "memory/", "async/producer_idle_s", "async/trainer_idle_s")
 
 
 def records(path: Path) -> list[dict]:
