@@ -407,8 +407,7 @@ def load_checkpoint(trainer: Checkpointable, folder: Path) -> dict[str, Any]:
     trainer.lr_scheduler.load_state_dict(scheduler_state)
     trainer.state.load_state_dict(state["trainer"])
     trainer.accelerator.step = int(state.get("accelerator_step", 0))
-    trainer.last_saved_step = trainer.state.iteration
-    trainer.output_dir_taken = True  # resumed: this run continues in output_dir (train() takes it no more)
+    trainer.last_saved_step = trainer.state.iteration  # resumed: train() goes on in output_dir (lifecycle.py)
     return read_manifest(folder)
 
 

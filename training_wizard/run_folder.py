@@ -10,7 +10,7 @@ A file of a run-file name is a run's only when something shows a run wrote it (`
     also vouches for the names it knew (all but prompts.jsonl, which came later).
 A file of a run-file name that no run wrote is the user's (`user_files`): a run that would overwrite or append
 to it stops in one line, and overwrite_output_dir never deletes it.
-A run takes the folder once, before it writes anything (run_start.py: `start_run`):
+A run takes the folder once, before it writes anything (lifecycle.py: `RunLifecycle.open`):
   - a new run (no `resume_from_checkpoint`) refuses a folder that holds another run's files, unless the user
     said `overwrite_output_dir = true`, which deletes those files (and only those) first;
   - a resumed run checks that the checkpoint was written by the same trainer on the same model architecture

@@ -1,14 +1,13 @@
-"""The start of a run, before it writes anything: take `output_dir` (run_folder.py) as a new run or resume the
-run it holds from a checkpoint (checkpoint.py), so that no run appends to, overwrites or prunes another's files.
+"""Resuming a run from a checkpoint (checkpoint.py) in the output_dir it holds, so that no run appends to,
+overwrites or prunes another's files: pick and load the checkpoint, drop the log records of iterations that will be
+redone, remove staging folders a crash left.
 
-`start_run` is called once per run: by the recipe lifecycle (recipes/base.py) after the trainer is built, or by a
-trainer's `train()` used from Python. Every process calls it; the main process decides. Its `say` prints one plain
-line (no markup) on the main process.
+`resume` is called when a run takes its output_dir (lifecycle.py: `RunLifecycle.open`). Every process calls it;
+the main process decides. Its `say` prints one plain line (no markup) on the main process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -19,70 +18,8 @@ from training_wizard.checkpoint import (
     MANIFEST, checkpoints_dir, config_hash, find_checkpoint, load_checkpoint, read_manifest,
 )
 from training_wizard.errors import UserError
-from training_wizard.run_folder import (
-    RUN_IDENTITY_FILE, check_restart, claim_new_run, changed_settings, continues_the_run_in, refuse_user_files,
-    run_identity, training_settings, write_run_identity, written_by_a_run,
-)
+from training_wizard.run_folder import changed_settings, check_restart, training_settings
 from training_wizard.sharding import engine_kind
-
-
-def start_run(trainer, resume_from: str | None, say: Callable[[str], None]) -> None:
-    """Take `trainer.config.output_dir` for this run: resume from `resume_from` ("latest" or a folder) after
-    checking the checkpoint was written by the same trainer and model, or, as a new run, refuse a folder holding
-    another run's files unless `config.overwrite_output_dir` (then they are deleted). Either way a user's file of
-    a run-file name stops it first (it would be written over). Records the run's identity in run.json."""
-    collectives, config = trainer.collectives, trainer.config
-    output_dir, identity = config.output_dir, run_identity(trainer)
-    collectives.decide_on_main(lambda: refuse_user_files(output_dir))
-    if not continues_the_run_in(output_dir, resume_from):  # a new run here (perhaps from another folder's weights)
-        deleted = collectives.decide_on_main(lambda: claim_new_run(output_dir, config.overwrite_output_dir))
-        if deleted:
-            say(f"overwrite_output_dir: deleted the earlier run's {', '.join(deleted)} in {output_dir}")
-    if resume_from:
-        resume(trainer, resume_from, identity, say)
-    if collectives.is_main:
-        write_run_identity(output_dir, identity)
-    collectives.barrier()
-    trainer.output_dir_taken = True
-    trainer.started_as_a_new_run = not continues_the_run_in(output_dir, resume_from)
-
-
-@contextlib.contextmanager
-def undone_if_it_stops_before_training(trainer):
-    """Around `train()`: a new run that stops with a user error before it finished an iteration or saved a
-    checkpoint (a broken environment, reward or server found in the first episodes) removes the run files it
-    wrote (run.json, resolved_config.toml, empty logs), so the corrected recipe starts in the same output_dir
-    without `resume_from_checkpoint`. The trainer's own counters decide, not the files: with logging_steps > 1
-    a trained iteration may not be logged yet. Anything that holds a trained iteration is kept."""
-    iteration, saved = trainer.state.iteration, trainer.last_saved_step
-    try:
-        yield
-    except UserError:
-        trained = trainer.state.iteration != iteration or trainer.last_saved_step != saved
-        if getattr(trainer, "started_as_a_new_run", False) and trainer.accelerator.is_main_process and not trained:
-            _remove_run_files(Path(trainer.config.output_dir))
-        raise
-
-
-def _remove_run_files(output_dir: Path) -> None:
-    """Delete the files this run wrote, run.json last: a deletion that fails (an OSError) stops there and leaves
-    run.json, so what is left still reads as a run's files (never as a user's), and the run's own error line is
-    the one shown."""
-    names = sorted(written_by_a_run(output_dir), key=lambda name: name == RUN_IDENTITY_FILE)
-    for name in names:
-        path = output_dir / name
-        try:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        except OSError:
-            return
-
-
-def take_output_dir(trainer, resume_from: str | None = None) -> None:
-    """A trainer used from Python takes its output_dir at its first `train(resume_from_checkpoint=...)` (TRL's
-    argument): it resumes, or as a new run refuses a folder holding another run's files unless
-    `config.overwrite_output_dir`. A recipe (or `load_checkpoint`) has already taken it before train()."""
-    if not getattr(trainer, "output_dir_taken", False):
-        start_run(trainer, resume_from, trainer.accelerator.print)
 
 
 def truncate_run_logs(output_dir: str | Path, iteration: int, episode: int) -> dict[str, int]:

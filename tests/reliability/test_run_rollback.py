@@ -9,7 +9,6 @@ import pytest
 
 from training_wizard.errors import UserError
 from training_wizard.run_folder import user_files, written_by_a_run
-from training_wizard.run_start import start_run, undone_if_it_stops_before_training
 
 from tests.helpers import distinct, make_rloo_trainer
 
@@ -29,10 +28,10 @@ def _reward_failing_at(iteration: int):
 def _run(tokenizer, out, fail_at: int, **options):
     trainer = make_rloo_trainer(tokenizer, out, reward=_reward_failing_at(fail_at), total_episodes=8 * 3,
                                 **options)
-    start_run(trainer, None, print)
-    (out / "resolved_config.toml").write_text("# the recipe writes it after start_run\n")
+    trainer.lifecycle.open(None, print)
+    (out / "resolved_config.toml").write_text("# the recipe writes it after the lifecycle's open\n")
     with pytest.raises(UserError, match="503"):
-        with undone_if_it_stops_before_training(trainer):
+        with trainer.lifecycle.undone_if_it_stops_before_training():
             trainer.train()
     return trainer
 

@@ -57,8 +57,9 @@ class Recipe(Spec):
 
     # ------------------------------------------------------------------------ the run lifecycle, written once
     # A training recipe's main(): open_run -> (load, plan; stop on --dry-run) -> prepare_output -> build the
-    # trainer -> train_and_save (start: take output_dir or resume, write resolved_config.toml; train; save). Used by
-    # the on-policy recipes (recipes/on_policy.py) and the supervised ones (recipes/sft.py, recipes/reward_model.py).
+    # trainer -> train_and_save (the trainer's RunLifecycle, lifecycle.py: take output_dir or resume, write
+    # resolved_config.toml; train; save; finish). Used by the on-policy recipes (recipes/on_policy.py) and the
+    # supervised ones (recipes/sft.py, recipes/reward_model.py).
 
     def open_run(self, config):
         """Seed everything, make the Accelerator (`config`'s accumulation, mixed precision and device) and check
@@ -96,10 +97,11 @@ class Recipe(Spec):
         self.check_output_dir_can_be_taken(accelerator)
 
     def check_output_dir_can_be_taken(self, accelerator) -> None:
-        """What `start` checks before it takes output_dir, read-only: a new run without overwrite_output_dir finds
-        no other run's files there; a resume finds a checkpoint that verifies (hashed on the main process, which
-        `start` does not repeat), or with "latest" and none yet, no finished run's files. Whether the checkpoint's
-        trainer and model are this run's needs the built trainer: `start` checks that before it loads anything."""
+        """What the lifecycle's `open` (lifecycle.py) checks before it takes output_dir, read-only: a new run without
+        overwrite_output_dir finds no other run's files there; a resume finds a checkpoint that verifies (hashed on
+        the main process, which `open` does not repeat), or with "latest" and none yet, no finished run's files.
+        Whether the checkpoint's trainer and model are this run's needs the built trainer: `open` checks that before
+        it loads anything."""
         from training_wizard.checkpoint import find_checkpoint
         from training_wizard.run_folder import continues_the_run_in, refuse_finished_run, refuse_used_folder
 
@@ -111,7 +113,8 @@ class Recipe(Spec):
 
     def prepare_output(self, accelerator) -> None:
         """Before any model loads (main process): output_dir is writable, and a new run does not find another run's
-        files there (unless overwrite_output_dir: `start` deletes them). Nothing is written there yet."""
+        files there (unless overwrite_output_dir: the lifecycle's `open` deletes them). Nothing is written there
+        yet."""
         if accelerator.is_main_process:
             check_writable(self.output_dir)
             from training_wizard.run_folder import continues_the_run_in, refuse_used_folder
@@ -120,28 +123,24 @@ class Recipe(Spec):
             if new_run and not self.overwrite_output_dir:
                 refuse_used_folder(self.output_dir)
 
-    def start(self, trainer, console) -> None:
-        """Take output_dir (run_start.py): resume from the checkpoint, or as a new run refuse another run's files
-        (or delete them, with overwrite_output_dir); only then write resolved_config.toml."""
-        from training_wizard.run_start import start_run
+    def train_and_save(self, trainer, console, merge_lora: bool = False) -> None:
+        """The run's lifecycle (lifecycle.py): take output_dir and resume if asked (run_start.py), then write
+        resolved_config.toml; train (a stop signal leaves as TrainingInterrupted, the CLI's exit code); save the
+        final model into output_dir/model; then this recipe's outputs (`finish`)."""
 
         def say(line: str) -> None:  # plain text: "[training]" in a note is not rich markup
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-        start_run(trainer, self.resume_from_checkpoint, say)  # trainer.config carries overwrite_output_dir
-        if trainer.accelerator.is_main_process:
-            self.write_resolved_config()
+        def write_resolved_config() -> None:
+            if trainer.accelerator.is_main_process:
+                self.write_resolved_config()
 
-    def train_and_save(self, trainer, console, merge_lora: bool = False) -> None:
-        """Take output_dir and resume if asked, train (a stop signal leaves as TrainingInterrupted, the CLI's exit
-        code), save the final model into output_dir/model, write the plots and report."""
-        from training_wizard.recipes.final_model import save_final_model
-        from training_wizard.run_start import undone_if_it_stops_before_training
+        # trainer.config carries overwrite_output_dir
+        trainer.lifecycle.run(self.resume_from_checkpoint, say, merge_lora, started=write_resolved_config,
+                              finish=lambda: self.finish(trainer, console))
 
-        self.start(trainer, console)
-        with undone_if_it_stops_before_training(trainer):
-            trainer.train()
-        save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=merge_lora)
+    def finish(self, trainer, console) -> None:
+        """After the final save: the plots and report (main process), and the upload with push_to_hub."""
         console.print(f"final model saved to {Path(self.output_dir) / 'model'}")
         if trainer.accelerator.is_main_process:
             from training_wizard.tracking.report import write_run_outputs

@@ -10,10 +10,11 @@ from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.trl.configs import GRPOConfig
+from training_wizard.trainers.grpo import GRPOTrainer
 
 
 class GRPORecipe(OnPolicyRecipe):
     """Model, prompt data, reward and training arguments of one GRPO run."""
 
     training: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPOConfig options.")
-    trainer_class = "training_wizard.trainers.grpo:GRPOTrainer"
+    trainer_class = GRPOTrainer

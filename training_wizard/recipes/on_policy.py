@@ -1,10 +1,11 @@
 """What every on-policy recipe (RLOO, PPO) shares: the model, data and reward keys, and the run lifecycle.
 
-`OnPolicyRecipe.main` is the lifecycle, written once: build everything from the specs, print the batch plan (and
-stop there on --dry-run), check output_dir is writable, build the trainer, take output_dir (resume if asked, or
-refuse another run's files), write the resolved config, train, save the final model. A stop signal leaves
-`train()` as `TrainingInterrupted`, which the CLI turns into its exit code. A recipe subclass names its
-`[training]` config class and builds its trainer (`build_trainer`).
+`OnPolicyRecipe.main` builds everything from the specs, prints the batch plan (and stops there on --dry-run),
+checks output_dir is writable, builds the trainer, and runs the lifecycle every recipe runs (`train_and_save`,
+lifecycle.py): take output_dir (resume if asked, or refuse another run's files), write the resolved config, train,
+save the final model; then its summary and report (`finish`). A stop signal leaves `train()` as
+`TrainingInterrupted`, which the CLI turns into its exit code. A recipe subclass names its `[training]` config
+class and its trainer class (`trainer_class`), or builds its trainer itself (`build_trainer`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from rich.console import Console
 from rich.table import Table
 
 from training_wizard.rollout.asynchronous import with_async
 from training_wizard.errors import UserError
-from training_wizard.recipes.final_model import save_final_model
-from training_wizard.recipes.base import Recipe, check_launch, check_writable  # noqa: F401 - their home was here
+from training_wizard.recipes.base import Recipe
 from training_wizard.spec import KeyValueError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.dataset import DataSourceSpec
@@ -52,22 +52,18 @@ class OnPolicyRecipe(Recipe):
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
 
-    # "module:Class" of the trainer `build_trainer` makes; imported only then (torch-heavy modules stay unloaded
-    # for --dry-run's checks)
-    trainer_class: ClassVar[str] = ""
+    trainer_class: ClassVar[type]  # the OnPolicyTrainer subclass `build_trainer` makes
+    _started: float = PrivateAttr(0.0)  # time.perf_counter() at main()'s start: the summary's wall time
 
     def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):
         """The policy (LoRA applied), its reference (none when the config uses none: GRPO with beta = 0 loads no
         reference at all) and `trainer_class` built from them."""
-        import importlib
-
         policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
         ref_policy = self.load_reference(config, policy, accelerator) if config.uses_reference else None
-        module, name = self.trainer_class.split(":")
-        trainer = getattr(importlib.import_module(module), name)
-        return trainer(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
-                       reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
-                       accelerator=accelerator, source_wrapper=with_async, **self.environment_factory())
+        return self.trainer_class(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
+                                  reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
+                                  accelerator=accelerator, source_wrapper=with_async,
+                                  **self.environment_factory())
 
     @model_validator(mode="after")
     def _something_gives_prompts(self) -> OnPolicyRecipe:
@@ -129,9 +125,7 @@ class OnPolicyRecipe(Recipe):
 
     # ------------------------------------------------------------------------------------------- the lifecycle
     def main(self, dry_run: bool = False) -> None:
-        from training_wizard.run_start import undone_if_it_stops_before_training
-
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         config = self.training_config()
         accelerator, console = self.open_run(config)
         tokenizer = self.model.load_tokenizer()
@@ -150,13 +144,14 @@ class OnPolicyRecipe(Recipe):
         self.prepare_output(accelerator)
         trainer = self.build_trainer(config, tokenizer, train_rows, eval_rows, accelerator)
         warn_long_prompts(trainer, console)
-        self.start(trainer, console)
-        with undone_if_it_stops_before_training(trainer):
-            trainer.train()  # a stop signal raises TrainingInterrupted after its checkpoint: the CLI's exit code
-        save_final_model(trainer, Path(self.output_dir) / "model", merge_lora=self.merge_lora)
-        if accelerator.is_main_process:
-            self.finish_outputs(time.perf_counter() - started, console)
-            self.push_final_model(config, console)
+        self.train_and_save(trainer, console, merge_lora=self.merge_lora)
+
+    def finish(self, trainer, console: Console) -> None:
+        """After the final save (main process): the summary, model card and report, and the upload with
+        push_to_hub."""
+        if trainer.accelerator.is_main_process:
+            self.finish_outputs(time.perf_counter() - self._started, console)
+            self.push_final_model(trainer.config, console)
 
     def check_can_start(self, config, accelerator, console: Console, train_rows=None) -> None:
         """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the

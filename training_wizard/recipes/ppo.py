@@ -9,8 +9,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
+from training_wizard.rollout.asynchronous import with_async
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.trl.configs import PPOConfig
+from training_wizard.trainers.ppo import PPOTrainer
 
 
 class PPORecipe(OnPolicyRecipe):
@@ -24,17 +26,16 @@ class PPORecipe(OnPolicyRecipe):
         "reward model when [reward] is a ModelRewardSpec with the policy's vocabulary (as the N+ paper does), "
         "else the policy's starting weights with a new head (and the policy's LoRA settings).",
     )
+    trainer_class = PPOTrainer
 
     def build_trainer(self, config, tokenizer, train_rows, eval_rows, accelerator):
-        from training_wizard.trainers.ppo import PPOTrainer
-
         policy = self.model.apply_lora(self.model.load_causal_lm(config.dtype))
         ref_policy = self.load_reference(config, policy, accelerator)
         value_model = self._load_value_model(config, tokenizer)
-        return PPOTrainer(
+        return self.trainer_class(
             config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy, reward_model=self.reward,
             value_model=value_model, train_dataset=train_rows, eval_dataset=eval_rows, accelerator=accelerator,
-            **self.environment_factory(),
+            source_wrapper=with_async, **self.environment_factory(),
         )
 
     def _load_value_model(self, config: PPOConfig, tokenizer):

@@ -10,10 +10,11 @@ from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.trl.configs import RLOORecipeConfig
+from training_wizard.trainers.rloo import RLOOTrainer
 
 
 class RLOORecipe(OnPolicyRecipe):
     """Model, prompt data, reward and training arguments of one RLOO run."""
 
     training: RLOORecipeConfig = Field(default_factory=RLOORecipeConfig, description="RLOOConfig options.")
-    trainer_class = "training_wizard.trainers.rloo:RLOOTrainer"
+    trainer_class = RLOOTrainer

@@ -31,6 +31,7 @@ from training_wizard.collectives import Collectives
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.kl import kl_per_token
 from training_wizard.errors import UserError
+from training_wizard.lifecycle import RunLifecycle
 from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.episodes import episode_source, prepare_episodes
 from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
@@ -39,7 +40,6 @@ from training_wizard.rollout.iteration_source import IterationSource, SourceCont
 from training_wizard.rollout.prompts import EncodedPrompts, row_seed
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
-from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
@@ -104,7 +104,7 @@ class OnPolicyTrainer(UpdateLoop):
         arguments: the rollout becomes episodes (rollout/episodes.py) played as `episode_settings` say; then
         reward_model may be None (the environment's reward is the reward). source_wrapper: what the loop asks for
         each iteration's batch, made of that source (default: `IterationSource`, sampled now)."""
-        self.tokenizer = tokenizer
+        self.tokenizer, self.lifecycle = tokenizer, RunLifecycle(self)  # the lifecycle holds output_dir
         episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings, reward_model is not None)
         self.accelerator = accelerator or make_accelerator(config)
         # generation_batch_size becomes num_mini_batches before anything reads it (it depends on the process count)
@@ -235,7 +235,7 @@ class OnPolicyTrainer(UpdateLoop):
         """Run the remaining iterations (first resuming from `resume_from_checkpoint`, "latest" or a folder, when
         given). On SIGTERM/SIGINT: checkpoint at the next safe point, then raise
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
-        take_output_dir(self, resume_from_checkpoint)  # from Python; a recipe has taken it already
+        self.lifecycle.take_output_dir(resume_from_checkpoint)  # from Python; a recipe has taken it already
         plan = self.plan
         # the episodes the run will make: whole iterations, so total_episodes rounded up to a batch
         progress = ProgressDisplay(plan.num_iterations * plan.batch_size, enabled=self.is_main,

@@ -25,8 +25,8 @@ from accelerate import Accelerator
 from training_wizard import guards
 from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
+from training_wizard.lifecycle import RunLifecycle
 from training_wizard.sharding import engine_kind, unwrap_model
-from training_wizard.run_start import take_output_dir
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.run_state import RunState
@@ -64,6 +64,7 @@ class SupervisedTrainer:
         self._setup_model(model)
         self.metrics = MetricsLogger(config.output_dir, config.report_to, self.is_main, config.model_dump(mode="json"))
         self.last_saved_step: int | None = None
+        self.lifecycle = RunLifecycle(self)  # takes output_dir, once
 
     def _setup_model(self, model: torch.nn.Module) -> None:
         config = self.config
@@ -108,7 +109,7 @@ class SupervisedTrainer:
     def train(self, resume_from_checkpoint: str | None = None) -> None:
         """Run the remaining steps. On SIGTERM/SIGINT: checkpoint at the next step boundary, then raise
         `TrainingInterrupted` (the CLI exits 128 + signal number)."""
-        take_output_dir(self, resume_from_checkpoint)  # from Python; a recipe has taken it already
+        self.lifecycle.take_output_dir(resume_from_checkpoint)  # from Python; a recipe has taken it already
         total = self.plan.num_steps * self.plan.batch_size
         progress = ProgressDisplay(total, enabled=self.is_main, start_episode=self.state.episode)
         self._clock = (time.perf_counter(), self.state.episode)

@@ -126,7 +126,7 @@ class TRLTrainerMethods(TRLResults):
         Face format, into `output_dir` (default: the config's output_dir), as a recipe saves its `model/`."""
         from pathlib import Path
 
-        from training_wizard.recipes.final_model import save_final_model
+        from training_wizard.lifecycle import save_final_model
 
         save_final_model(self, Path(output_dir or self.config.output_dir))
 
