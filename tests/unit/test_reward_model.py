@@ -9,7 +9,7 @@ import torch
 
 from training_wizard.cli import main
 from training_wizard.errors import UserError
-from training_wizard.trainers.config import RewardConfig
+from training_wizard.trainers.supervised_config import RewardConfig
 from training_wizard.trainers.reward_model import collate_pairs, encode_pair
 
 

@@ -7,7 +7,7 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.testing import build_causal_lm
-from training_wizard.trainers.config import SFTConfig
+from training_wizard.trainers.supervised_config import SFTConfig
 from training_wizard.trainers.sft import SFTExample, SFTTrainer, collate, encode_sft_row, pack_examples
 
 

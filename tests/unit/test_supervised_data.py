@@ -16,7 +16,7 @@ from training_wizard.specs.dataset import (
     SimpleDataSourceSpec,
     TemplateInstructDatasourceSpec,
 )
-from training_wizard.trainers.config import RewardConfig, SFTConfig
+from training_wizard.trainers.supervised_config import RewardConfig, SFTConfig
 from training_wizard.trainers.reward_model import encode_pair, encode_pairs
 from training_wizard.trainers.sft import encode_sft_row, encode_sft_rows
 

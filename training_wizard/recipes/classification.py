@@ -9,7 +9,7 @@ from rich.console import Console
 
 from training_wizard.errors import UserError
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.config import SequenceClassificationConfig
+from training_wizard.trainers.supervised_config import SequenceClassificationConfig
 
 
 class SequenceClassificationRecipe(SupervisedRecipe):

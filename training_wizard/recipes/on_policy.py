@@ -27,7 +27,8 @@ from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
-from training_wizard.trainers.config import BatchPlan, OnPolicyConfig
+from training_wizard.trainers.batch_plan import BatchPlan
+from training_wizard.trainers.config import OnPolicyConfig
 
 
 class OnPolicyRecipe(Recipe):

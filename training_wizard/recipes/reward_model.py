@@ -13,7 +13,7 @@ from pydantic import Field
 from rich.console import Console
 
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.config import RewardConfig
+from training_wizard.trainers.supervised_config import RewardConfig
 
 
 class RewardModelRecipe(SupervisedRecipe):

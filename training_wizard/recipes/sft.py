@@ -11,7 +11,7 @@ from pydantic import Field
 from rich.console import Console
 
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.config import SFTConfig
+from training_wizard.trainers.supervised_config import SFTConfig
 
 
 class SFTRecipe(SupervisedRecipe):

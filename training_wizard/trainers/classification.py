@@ -10,7 +10,7 @@ import torch
 
 from training_wizard.core.supervised import classification_loss_sums
 from training_wizard.errors import UserError
-from training_wizard.trainers.config import SequenceClassificationConfig
+from training_wizard.trainers.supervised_config import SequenceClassificationConfig
 from training_wizard.trainers.supervised import SupervisedTrainer
 
 

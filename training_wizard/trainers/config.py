@@ -23,14 +23,7 @@ from training_wizard.trainers.batch_plan import (
 from training_wizard.trainers.config_checks import check_sampling_settings, start_warnings
 from training_wizard.trainers.run_config import (DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION,
                                                  SEED_RANGE, RunConfig, aliases)
-from training_wizard.trainers.supervised_config import (RewardConfig, SequenceClassificationConfig, SFTConfig,
-                                                        SupervisedConfig, SupervisedPlan)
 
-# RunConfig, BatchPlan, the supervised configs live in their own modules; importing them from here keeps working.
-__all__ = [
-    "DEFAULT_SEED", "OUTPUT_DIR_DESCRIPTION", "SEED_DESCRIPTION", "SEED_RANGE", "RunConfig", "OnPolicyConfig",
-    "RLOOConfig", "RLOORecipeConfig", "PPOConfig", "GRPOConfig", "BatchPlan", "SupervisedConfig", "SFTConfig",
-    "RewardConfig", "SequenceClassificationConfig", "SupervisedPlan"]
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""

@@ -20,7 +20,7 @@ from training_wizard.core.supervised import bradley_terry_loss
 from training_wizard.errors import UserError
 from training_wizard.specs.chat_rendering import chat_ids
 from training_wizard.specs.dataset import check_roles
-from training_wizard.trainers.config import RewardConfig
+from training_wizard.trainers.supervised_config import RewardConfig
 from training_wizard.trainers.sft import RowName
 from training_wizard.trainers.supervised import SupervisedTrainer
 

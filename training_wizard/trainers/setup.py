@@ -21,7 +21,8 @@ from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, wait_for_each_zero3_gather,
 )
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
-from training_wizard.trainers.config import OnPolicyConfig, RunConfig
+from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.run_config import RunConfig
 
 
 @dataclass

@@ -24,7 +24,7 @@ from training_wizard.core.supervised import token_loss_sums
 from training_wizard.errors import UserError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs, chat_ids
 from training_wizard.specs.dataset import check_roles
-from training_wizard.trainers.config import SFTConfig
+from training_wizard.trainers.supervised_config import SFTConfig
 from training_wizard.trainers.supervised import SupervisedTrainer
 
 

@@ -30,7 +30,7 @@ from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.config import SupervisedConfig
+from training_wizard.trainers.supervised_config import SupervisedConfig
 from training_wizard.trainers.setup import build_optimizer, configure_deepspeed, enable_activation_checkpointing
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 

@@ -62,7 +62,8 @@ def run_command(command: str, argv: list[str]) -> None:
     if command in SUPERVISED:
         run_supervised(command, argv)
         return
-    from training_wizard import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+    from training_wizard.trl.configs import GRPOConfig, RLOOConfig
+    from training_wizard.trl.trainers import GRPOTrainer, RLOOTrainer
 
     trainer_class, config_class = {"grpo": (GRPOTrainer, GRPOConfig), "rloo": (RLOOTrainer, RLOOConfig)}[command]
     parser = TrlParser((OnPolicyScriptArguments, config_class, ModelConfig), prog=f"training-wizard {command}")
@@ -189,7 +190,7 @@ class SavedDatasetSpec(DataSourceSpec):
 
 def run_supervised(command: str, argv: list[str]) -> None:
     """Parse `argv` as TRL's sft or reward script does, then run the equivalent recipe."""
-    from training_wizard import RewardConfig, SFTConfig
+    from training_wizard.trainers.supervised_config import RewardConfig, SFTConfig
     from training_wizard.spec import recipe_directory
 
     config_class = {"sft": SFTConfig, "reward": RewardConfig}[command]
