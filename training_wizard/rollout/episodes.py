@@ -31,7 +31,7 @@ from training_wizard.rollout.collector import (
     EpisodeScoring, RolloutCollector, RolloutRequest, Sampled, SamplingSettings,
 )
 from training_wizard.rollout.environment_protocols import Answer, EnvironmentFailure, JobResult, Turn, episode_protocol
-from training_wizard.rollout.episode_start import (  # noqa: F401 - factory_name, gives_reward: their home was here
+from training_wizard.rollout.episode_start import (
     check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_columns,
     reset_environment,
 )

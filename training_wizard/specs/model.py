@@ -24,12 +24,8 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from training_wizard.errors import UserError
 from training_wizard.spec import Spec, resolve_path
-# The bundled models and the pad token were defined here first: code that imports them from here keeps working.
-from training_wizard.specs.bundled_models import (  # noqa: F401
-    BUNDLED_MODELS, MARKER_FILE, SMOLLM2_135M_INSTRUCT, BundledModel, build_from_gguf, bundled_model_folder,
-    cache_root, is_converted, package_folder, save_atomically,
-)
-from training_wizard.specs.pad_token import PAD_TOKEN, ensure_pad_token  # noqa: F401
+from training_wizard.specs.bundled_models import BUNDLED_MODELS, bundled_model_folder, cache_root
+from training_wizard.specs.pad_token import ensure_pad_token
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
