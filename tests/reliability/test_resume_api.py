@@ -33,14 +33,14 @@ def make(tokenizer, out, reward=distinct, **overrides):
     trainer = make_rloo_trainer(tokenizer, out, reward=reward, dataset=prompts(6, "Item {i}."),
                                 **{**RESUME_OPTIONS, **overrides})
     trainer.taken = []
-    original = trainer._next_prompts
+    original = trainer.iteration_prompts.next_batch
 
     def record(iteration):
         batch = original(iteration)
         trainer.taken.append((iteration, batch.rows[: trainer.plan.local_prompts]))
         return batch
 
-    trainer._next_prompts = record
+    trainer.iteration_prompts.next_batch = record
     return trainer
 
 

@@ -79,7 +79,7 @@ def test_spliced_ids_are_the_sampled_replies_and_the_rendered_answers(tokenizer,
     """Each reply is what the decode loop samples from the spliced context with that turn's key, and each answer
     is exactly the template's ids for the environment's text: nothing was decoded and encoded again."""
     trainer = make(RLOOTrainer, RLOOConfig, tokenizer, tmp_path, rloo_k=2)
-    seeds = trainer._next_prompts().seeds
+    seeds = trainer.iteration_prompts.next_batch().seeds
     trainer.state.prompt_order.position = 0  # the same prompts again for the rollout
     batch = trainer.collect_rollout()
     renderer, policy = TurnRenderer(tokenizer), trainer.unwrapped_policy.eval()

@@ -11,7 +11,7 @@ import types
 from training_wizard.collectives import Collectives
 from training_wizard.rollout.collector import RolloutCollector
 from training_wizard.specs.reward import FunctionLogs, MultiRewardSpec
-from training_wizard.specs.reward_objects import RewardObjectsSpec
+from training_wizard.specs.reward_functions import RewardObjectsSpec
 
 
 def only_first(prompts, completions, **kwargs):

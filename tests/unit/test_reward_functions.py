@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from training_wizard.rollout.collector import RolloutRequest
+from training_wizard.rollout.prompts import RolloutRequest
 from training_wizard.spec import Spec
 from training_wizard.specs.reward import MultiRewardSpec, RewardSpec
 from training_wizard.specs.reward_functions import RewardFunctionsSpec

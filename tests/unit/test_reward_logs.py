@@ -14,7 +14,7 @@ from tests.helpers import make_grpo_trainer, make_rloo_trainer
 from training_wizard.collectives import Collectives
 from training_wizard.errors import UserError
 from training_wizard.specs.reward import CallableRewardSpec
-from training_wizard.specs.reward_objects import RewardObjectsSpec
+from training_wizard.specs.reward_functions import RewardObjectsSpec
 from training_wizard.tracking.metrics import read_metrics
 from training_wizard.tracking.samples import SampleTable
 from training_wizard.trainers.reward_logs import reward_log_metrics

@@ -12,7 +12,8 @@ import time
 import torch
 
 from training_wizard.errors import UserError
-from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource
+from training_wizard.rollout.collector import RolloutCollector, RolloutSource
+from training_wizard.rollout.prompts import RolloutRequest
 from training_wizard.rollout.trajectory import TrajectoryBatch
 
 

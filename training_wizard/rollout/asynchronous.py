@@ -31,9 +31,10 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.rollout.async_producer import RolloutProducer
-from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource
+from training_wizard.rollout.collector import RolloutCollector, RolloutSource
 from training_wizard.rollout.iteration_source import (IterationSource, OffPolicyRule, RequestFor, SourceContext,
                                                       TakenBatch)
+from training_wizard.rollout.prompts import RolloutRequest
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.spec import key_path
 

@@ -28,8 +28,8 @@ from training_wizard.errors import UserError
 from training_wizard.timeouts import StoppedWhileWaiting, call_with_timeout
 from training_wizard.rollout.backends import Completions, DecodeLoopBackend, GenerationBackend, sample_completions
 from training_wizard.rollout.generation import GenerationParams
-from training_wizard.rollout.prompts import EncodedPrompts
-from training_wizard.rollout.trajectory import TrajectoryBatch, has_stop, stop_reasons
+from training_wizard.rollout.prompts import EncodedPrompts, RolloutRequest
+from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.rollout.sampling import SamplingFilters
 from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
 from training_wizard.sharding import unwrap_model
@@ -59,23 +59,6 @@ class SamplingSettings:
     reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)
 
 
-@dataclass(frozen=True)
-class RolloutRequest:
-    """What a trainer asks its rollout source for: dataset rows `rows` of `prompts` (each repeated once per
-    completion it wants), their sampling seeds, the group id of each row, and the step (numbered as metrics and
-    checkpoints are: a training rollout of iteration i is step i + 1; evaluation after step N is step N; reward
-    messages name it). `policy_version`: the optimizer updates the sampling weights have seen. `prompt_ids`: a
-    training iteration's dataset indices over all processes (logged to prompts.jsonl)."""
-
-    prompts: EncodedPrompts
-    rows: list[int]
-    seeds: list[int]
-    group_ids: list[int]
-    step: int
-    policy_version: int
-    prompt_ids: tuple[int, ...] = ()
-
-
 class RolloutSource(Protocol):
     """Anything that turns a request into a complete trajectory batch (rollout/trajectory.py)."""
 
@@ -99,7 +82,17 @@ class Sampled:
 
     @property
     def has_stop(self) -> torch.Tensor:
-        return has_stop(self.stop_reason)
+        """(B,) bool, as `TrajectoryBatch.has_stop`: the row was not cut off by the length budget."""
+        return self.stop_reason != StopReason.LENGTH
+
+    @classmethod
+    def single_replies(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                       mask: torch.Tensor, has_stop: torch.Tensor, sampling_logprobs: torch.Tensor | None,
+                       seconds: float) -> Sampled:
+        """One reply per row: every real token was sampled (the loss mask is the completion mask), and a row's
+        stop reason is STOP_TOKEN where `has_stop` ((B,) bool) says it ended with a stop token, else LENGTH."""
+        stop_reason = torch.where(has_stop, int(StopReason.STOP_TOKEN), int(StopReason.LENGTH)).long()
+        return cls(prompt_ids, prompt_mask, completion_ids, mask, mask, stop_reason, sampling_logprobs, seconds)
 
 
 @dataclass(frozen=True)
@@ -211,8 +204,8 @@ class RolloutCollector:
         responses, mask, has_stop = completions.responses, completions.mask, completions.has_stop
         if not settings.stop_token_ids and self.tokenizer.eos_token_id is not None:
             has_stop = (responses == self.tokenizer.eos_token_id).any(-1)
-        return Sampled(prompt_ids, prompt_mask, responses, mask, mask, stop_reasons(has_stop),
-                       completions.sampling_logprobs, time.perf_counter() - started)
+        return Sampled.single_replies(prompt_ids, prompt_mask, responses, mask, has_stop,
+                                      completions.sampling_logprobs, time.perf_counter() - started)
 
     def logprob_passes(self, engine: RolloutModel, sampled: Sampled) -> LogprobPasses:
         """The no-grad per-token passes over a sampled batch: the policy's logprobs (or the sampler's, under

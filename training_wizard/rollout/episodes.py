@@ -28,7 +28,7 @@ from training_wizard.rollout.backends import sample_completions
 from training_wizard.rollout.chat_templates import load_chat_template
 from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.collector import (
-    EpisodeScoring, RolloutCollector, RolloutRequest, Sampled, SamplingSettings,
+    EpisodeScoring, RolloutCollector, Sampled, SamplingSettings,
 )
 from training_wizard.rollout.environment_protocols import Answer, EnvironmentFailure, JobResult, Turn, episode_protocol
 from training_wizard.rollout.episode_start import (
@@ -36,7 +36,7 @@ from training_wizard.rollout.episode_start import (
     reset_environment,
 )
 from training_wizard.rollout.generation import GenerationParams
-from training_wizard.rollout.prompts import EncodedPrompts, left_pad, prompt_text, row_seed
+from training_wizard.rollout.prompts import EncodedPrompts, RolloutRequest, left_pad, prompt_text, row_seed
 from training_wizard.rollout.tools import reply_parser, typed_arguments, without_calls
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.signals import stop_requested

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource
+from training_wizard.rollout.collector import RolloutCollector, RolloutSource
+from training_wizard.rollout.prompts import RolloutRequest
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
 

@@ -1,13 +1,15 @@
-"""Prompt encoding and the shared prompt order.
+"""Prompt encoding, the shared prompt order, and each iteration's requests.
 
 Every process walks the same seeded permutation of the dataset (epoch by epoch) and takes its own slice of each
-iteration's prompts, so the order is shared and resumable from (epoch, position) alone.
+iteration's prompts, so the order is shared and resumable from (epoch, position) alone. `IterationPrompts` turns
+that slice into the `RolloutRequest` a trainer hands its rollout source: the rows, their sampling seeds and group ids.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -72,6 +74,11 @@ class EncodedPrompts:
         return left_pad([self.input_ids[i] for i in indices], pad_token_id)
 
 
+def longest_prompt(*datasets: EncodedPrompts | None) -> int:
+    """Tokens in the longest prompt of the datasets given (None: no dataset)."""
+    return max(len(ids) for prompts in datasets if prompts is not None for ids in prompts.input_ids)
+
+
 def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of token lists, each (len(sequences), longest), padded on the left."""
     width = max(len(tokens) for tokens in sequences)
@@ -126,3 +133,81 @@ def row_seed(seed: int, iteration: int, slot: int) -> int:
     mixed = (seed * 0x9E3779B1 + iteration * 0x85EBCA77 + slot * 0xC2B2AE3D) & 0x7FFF_FFFF_FFFF_FFFF
     return mixed ^ (mixed >> 29)
 
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What a trainer asks its rollout source for: dataset rows `rows` of `prompts` (each repeated once per
+    completion it wants), their sampling seeds, the group id of each row, and the step (numbered as metrics and
+    checkpoints are: a training rollout of iteration i is step i + 1; evaluation after step N is step N; reward
+    messages name it). `policy_version`: the optimizer updates the sampling weights have seen. `prompt_ids`: a
+    training iteration's dataset indices over all processes (logged to prompts.jsonl)."""
+
+    prompts: EncodedPrompts
+    rows: list[int]
+    seeds: list[int]
+    group_ids: list[int]
+    step: int
+    policy_version: int
+    prompt_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """This process's dataset rows for one iteration, in the (group_size, prompts) layout, their seeds and group
+    ids (the prompt's slot in the iteration's global order: unique over processes); all processes' prompts."""
+
+    rows: list[int]
+    seeds: list[int]
+    group_ids: list[int]
+    global_indices: list[int]
+
+
+class RunPosition(Protocol):
+    """Where a run stands (the trainer's RunState): its shared prompt order and the iterations done."""
+
+    prompt_order: PromptOrder
+    iteration: int
+
+
+@dataclass
+class IterationPrompts:
+    """The requests of a run's rollouts: each iteration's share of the shared prompt order for process
+    `process_index` (`local_prompts` of the iteration's `prompts_per_iteration`), each prompt repeated
+    `group_size` times, and any other rows (the sample probes, evaluation) asked of the current weights.
+    `run` is read at every call, so a resumed order and the iterations done are always the current ones."""
+
+    prompts: EncodedPrompts
+    run: RunPosition
+    seed: int
+    group_size: int
+    prompts_per_iteration: int
+    local_prompts: int
+    process_index: int
+
+    def next_request(self, iteration: int | None = None) -> RolloutRequest:
+        """The next prompts of the shared order, as the request of iteration `iteration` (default: the current)."""
+        iteration = self.run.iteration if iteration is None else iteration
+        batch = self.next_batch(iteration)
+        request = self.request(self.prompts, batch.rows, batch.seeds, iteration + 1, batch.group_ids)
+        return dataclasses.replace(request, prompt_ids=tuple(batch.global_indices))
+
+    def next_batch(self, iteration: int | None = None) -> PromptBatch:
+        """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
+        sampling seeds keyed by (seed, iteration (default: the current one), global slot)."""
+        iteration = self.run.iteration if iteration is None else iteration
+        k, local_prompts = self.group_size, self.local_prompts
+        global_indices = self.run.prompt_order.take(self.prompts_per_iteration)
+        first = self.process_index * local_prompts
+        local = global_indices[first : first + local_prompts]
+        rows = [local[i] for j in range(k) for i in range(local_prompts)]
+        seeds = [row_seed(self.seed, iteration, (first + i) * k + j) for j in range(k) for i in range(local_prompts)]
+        group_ids = [first + i for _ in range(k) for i in range(local_prompts)]
+        return PromptBatch(rows, seeds, group_ids, global_indices)
+
+    def request(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int,
+                group_ids: list[int] | None = None) -> RolloutRequest:
+        """A request of the current weights (policy version: the iterations done); by default each row its own
+        group (the sample probes and evaluation sample one completion per prompt)."""
+        return RolloutRequest(prompts, rows, seeds, group_ids if group_ids is not None else list(range(len(rows))),
+                              step, self.run.iteration)

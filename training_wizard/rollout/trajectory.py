@@ -72,7 +72,8 @@ class TrajectoryBatch:
 
     @property
     def has_stop(self) -> torch.Tensor:
-        return has_stop(self.stop_reason)
+        """(B,) bool: the row was not cut off by the length budget (its last reply ended by itself)."""
+        return self.stop_reason != StopReason.LENGTH
 
     def rows(self, index: torch.Tensor) -> dict[str, Any]:
         """The tensors an update micro-batch needs, for the rows `index`, cut to their content: prompt columns
@@ -95,12 +96,3 @@ class TrajectoryBatch:
             picked["sampling_logprobs"] = self.sampling_logprobs[index, :width]
         return picked
 
-
-def has_stop(stop_reason: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: the row was not cut off by the length budget (its last reply ended by itself)."""
-    return stop_reason != StopReason.LENGTH
-
-
-def stop_reasons(has_stop: torch.Tensor) -> torch.Tensor:
-    """(B,) StopReason codes of single replies: STOP_TOKEN where the reply ended with a stop token, else LENGTH."""
-    return torch.where(has_stop, int(StopReason.STOP_TOKEN), int(StopReason.LENGTH)).long()

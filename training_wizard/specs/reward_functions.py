@@ -22,6 +22,9 @@ line per batch names how many, and `frac_reward_all_none` is their share of the 
 of its group's baseline with advantage 0, as TRL 1.16 does; PPO counts it 0 (docs/algorithms.md). Each function is logged as
 `rewards/<function name>`: the mean over the completions it scored (None values travel as NaN inside the
 components; the total is always finite). `async def` functions run concurrently, on one event loop that lasts the whole run.
+
+`RewardFunctionsSpec` names its functions by import path (a recipe's `[reward]` table); `RewardObjectsSpec` holds
+them as Python objects (the trainers' TRL-form constructor).
 """
 
 from __future__ import annotations
@@ -175,6 +178,29 @@ class RewardFunctionsSpec(RewardSpec):
                   "their group's baseline, as TRL 1.16 does, PPO counts them 0",
                   file=sys.stderr)
         return totals, components
+
+
+class RewardObjectsSpec(RewardFunctionsSpec):
+    """RewardFunctionsSpec over callables rather than import paths (Python API only, not from a recipe file): TRL's
+    `reward_funcs` as the trainers' TRL-form constructor receives them, called, weighted, checked and logged as a
+    recipe's `reward_funcs` are. A function is logged under its `__name__`; a reward model (a sequence classifier
+    with one output, as a folder, a cached Hub id or a model object) arrives as a `ModelRewardFunction`
+    (specs/reward_model_function.py), logged under its folder's base name, as TRL names it."""
+
+    model_config = RewardFunctionsSpec.model_config | {"arbitrary_types_allowed": True}
+
+    reward_funcs: list[Any] = Field(min_length=1, description="The reward functions, each a TRL-form callable.")
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _importable_now(cls, functions: list[Any]) -> list[Any]:  # replaces the parent's import check
+        for index, fn in enumerate(functions):
+            if not callable(fn):
+                raise ValueError(f"reward_funcs[{index}]: expected a callable, got {type(fn).__name__}")
+        return functions
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return unique_names([(getattr(fn, "__name__", None) or type(fn).__name__, fn) for fn in self.reward_funcs])
 
 
 def unique_names(functions: list[tuple[str, Callable[..., Any]]]) -> dict[str, Callable[..., Any]]:

@@ -1,5 +1,5 @@
 """A reward model as a TRL-form reward function: TRL's trainers take a reward model's id or object in
-`reward_funcs`, and so do the trainers' TRL-form constructor (specs/reward_objects.py) and a recipe's
+`reward_funcs`, and so do the trainers' TRL-form constructor (specs/reward_functions.py: RewardObjectsSpec) and a recipe's
 `reward_funcs` (specs/reward_functions.py). It scores the text TRL's trainers give a reward model: the prompt
 followed by the completion, or a conversation through the reward tokenizer's chat template."""
 

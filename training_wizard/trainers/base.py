@@ -1,7 +1,7 @@
 """The on-policy training loop shared by RLOO and PPO. Read `OnPolicyTrainer._iteration` first.
 
 One iteration:
-  1. take this process's prompts of the shared order          `_next_prompts`
+  1. take this process's prompts of the shared order          `iteration_prompts` (rollout/prompts.py)
   2-5. sample, truncate, logprobs (policy, reference), score   the loop's source's `take` (rollout/iteration_source.py,
                                                               rollout/collector.py): a TrajectoryBatch
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -34,10 +33,10 @@ from training_wizard.errors import UserError
 from training_wizard.lifecycle import RunLifecycle
 from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.episodes import episode_source, prepare_episodes
-from training_wizard.rollout.collector import RolloutCollector, RolloutRequest, RolloutSource, SamplingSettings
+from training_wizard.rollout.collector import RolloutCollector, RolloutSource, SamplingSettings
 from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.iteration_source import IterationSource, SourceContext, SourceWrapper
-from training_wizard.rollout.prompts import EncodedPrompts, row_seed
+from training_wizard.rollout.prompts import EncodedPrompts, IterationPrompts, RolloutRequest, longest_prompt, row_seed
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.sharding import unwrap_model
 from training_wizard.signals import StopRequest, fault_point
@@ -55,17 +54,6 @@ from training_wizard.trainers.run_state import RunState
 from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptBatch:
-    """This process's dataset rows for one iteration, in the (group_size, prompts) layout, their seeds and group
-    ids (the prompt's slot in the iteration's global order: unique over processes); all processes' prompts."""
-
-    rows: list[int]
-    seeds: list[int]
-    group_ids: list[int]
-    global_indices: list[int]
 
 
 class OnPolicyTrainer(UpdateLoop):
@@ -118,12 +106,12 @@ class OnPolicyTrainer(UpdateLoop):
         self.eval_prompts = EncodedPrompts.from_rows(eval_dataset, tokenizer) if eval_dataset is not None else None
         self.plan = config.batch_plan(self.accelerator.num_processes, len(self.train_prompts))
         self.state = RunState(config.seed, len(self.train_prompts))
+        self.iteration_prompts = self._iteration_prompts()
         self.reward = as_reward(EnvironmentReward() if reward_model is None and episodes else reward_model)
         self._setup_models(policy, ref_policy, additional_models or {})
-        longest_prompt = max(len(ids) for prompts in (self.train_prompts, self.eval_prompts) if prompts is not None
-                             for ids in prompts.input_ids)
+        longest = longest_prompt(self.train_prompts, self.eval_prompts)
         self.generation = generation_backend or choose_generation_backend(
-            self.accelerator, config, self.unwrapped_policy, longest_prompt, self.collectives)
+            self.accelerator, config, self.unwrapped_policy, longest, self.collectives)
         # decided once: "auto" becomes True or False here (trainers/setup.py)
         self.logprobs_from_sampling = resolve_logprobs_from_sampling(config, self.accelerator, self.unwrapped_policy)
         self.collector = RolloutCollector(
@@ -155,6 +143,12 @@ class OnPolicyTrainer(UpdateLoop):
         source = source_wrapper(rollout_source, context) if source_wrapper else IterationSource(rollout_source)
         self.state.parts.append(source)
         return source
+
+    def _iteration_prompts(self) -> IterationPrompts:
+        """This process's requests of the training prompts, in the shared order the run state keeps."""
+        config, plan = self.config, self.plan
+        return IterationPrompts(self.train_prompts, self.state, config.seed, config.group_size(),
+                                plan.prompts_per_iteration, plan.local_prompts, self.accelerator.process_index)
 
     def _sampling_settings(self) -> SamplingSettings:
         config = self.config
@@ -255,10 +249,11 @@ class OnPolicyTrainer(UpdateLoop):
         start_state = self.state.state_dict()  # what a stop before the update saves: nothing has changed yet
         # 1. prompts of the shared order, 2-5. sample, mask, logprobs, score (or the batch the source sampled ahead)
         try:
-            taken = self.rollout_source.take(self.state.iteration, self.next_request)
+            taken = self.rollout_source.take(self.state.iteration, self.iteration_prompts.next_request)
             rollout = taken.batch
             self.prompt_log.record(self.state.iteration + 1, list(taken.prompt_ids), taken.reissued)
-            self.rollout_source.prepare_ahead(self.state.iteration, self.next_request)  # before the update
+            # the next batch, if the source samples ahead: before the update changes the weights
+            self.rollout_source.prepare_ahead(self.state.iteration, self.iteration_prompts.next_request)
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
         # 6. KL-shaped rewards and advantages
@@ -277,39 +272,10 @@ class OnPolicyTrainer(UpdateLoop):
         self._safe_point_after_iteration(stop)
 
     def collect_rollout(self, iteration: int | None = None, request: RolloutRequest | None = None) -> TrajectoryBatch:
-        """Steps 1-5: `request` (default: next_request(iteration)), sampled and scored with the current weights."""
-        return self.rollout_source.sampled_now(request or self.next_request(iteration), self.state.iteration)
-
-    def next_request(self, iteration: int | None = None) -> RolloutRequest:
-        """The next prompts of the shared order, as the request of iteration `iteration` (default: the current)."""
-        iteration = self.state.iteration if iteration is None else iteration
-        prompts = self._next_prompts(iteration)
-        request = self._request(self.train_prompts, prompts.rows, prompts.seeds, iteration + 1, prompts.group_ids)
-        return dataclasses.replace(request, prompt_ids=tuple(prompts.global_indices))
-
-    def _next_prompts(self, iteration: int | None = None) -> PromptBatch:
-        """This process's dataset indices, repeated group_size times in the (k, prompts) layout, and their
-        sampling seeds keyed by (seed, iteration (default: the current one), global slot)."""
-        iteration = self.state.iteration if iteration is None else iteration
-        plan, k = self.plan, self.config.group_size()
-        global_indices = self.state.prompt_order.take(plan.prompts_per_iteration)
-        first = self.accelerator.process_index * plan.local_prompts
-        local = global_indices[first : first + plan.local_prompts]
-        rows = [local[i] for j in range(k) for i in range(plan.local_prompts)]
-        seeds = [
-            row_seed(self.config.seed, iteration, (first + i) * k + j)
-            for j in range(k)
-            for i in range(plan.local_prompts)
-        ]
-        group_ids = [first + i for _ in range(k) for i in range(plan.local_prompts)]
-        return PromptBatch(rows, seeds, group_ids, global_indices)
-
-    def _request(self, prompts: EncodedPrompts, rows: list[int], seeds: list[int], step: int,
-                 group_ids: list[int] | None = None) -> RolloutRequest:
-        """A request of the current weights (policy version: the iterations done); by default each row its own
-        group (the sample probes and evaluation sample one completion per prompt)."""
-        return RolloutRequest(prompts, rows, seeds, group_ids if group_ids is not None else list(range(len(rows))),
-                              step, self.state.iteration)
+        """Steps 1-5: `request` (default: the next prompts' request of `iteration`, the current one by default),
+        sampled and scored with the current weights."""
+        request = request or self.iteration_prompts.next_request(iteration)
+        return self.rollout_source.sampled_now(request, self.state.iteration)
 
     def _record_iteration(self, rollout, shaped, update: UpdateResult, update_seconds: float, progress) -> None:
         from training_wizard.checkpoint import save_checkpoint
@@ -419,7 +385,8 @@ class OnPolicyTrainer(UpdateLoop):
         report.html can show one prompt's completion at the start, middle and end of training."""
         rows = list(range(min(count, len(self.train_prompts))))
         seeds = [row_seed(self.config.seed + 104_729, 0, i) for i in rows]
-        probe = self.rollout_source.collect(self._request(self.train_prompts, rows, seeds, self.state.iteration))
+        request = self.iteration_prompts.request(self.train_prompts, rows, seeds, self.state.iteration)
+        probe = self.rollout_source.collect(request)
         record_samples(self.samples, self.state, probe, probe.num_rows, probe=True)
 
     @torch.no_grad()
@@ -434,7 +401,8 @@ class OnPolicyTrainer(UpdateLoop):
         real = len(rows)
         rows += [0] * (math.ceil(len(prompts) / world) - real)
         seeds = [row_seed(self.config.seed + 7_919, self.state.iteration, i) for i in rows]
-        rollout = self.rollout_source.collect(self._request(prompts, rows, seeds, self.state.iteration))
+        request = self.iteration_prompts.request(prompts, rows, seeds, self.state.iteration)
+        rollout = self.rollout_source.collect(request)
         mask = rollout.loss_mask
         kl = (kl_per_token(rollout.logprobs, rollout.ref_logprobs, self.config.kl_estimator) * mask).sum(-1)
         counted = (torch.arange(len(rows), device=mask.device) < real).float()

@@ -10,7 +10,7 @@ TRL's arguments and what they become:
   from_pretrained), or a model object; `peft_config` wraps it in a peft adapter as `[model] lora` does;
 - `processing_class`: the tokenizer (default: the model's, left-padded, with a pad token distinct from EOS as the
   `[model]` table loads it); a given tokenizer without a pad token pads with EOS, as TRL's trainers do;
-- `reward_funcs`, `reward_processing_classes`, `args.reward_weights`: one RewardObjectsSpec (specs/reward_objects.py);
+- `reward_funcs`, `reward_processing_classes`, `args.reward_weights`: one RewardObjectsSpec (specs/reward_functions.py);
 - `args`: the config (default: the config class's defaults with output_dir "<model name>-GRPO" / "-RLOO", as TRL);
 - `callbacks`: transformers TrainerCallbacks (trl/callbacks.py); `tools`, `environment_factory`: episodes
   (rollout/episodes.py), as the older constructor takes them.
@@ -215,7 +215,7 @@ def reward_spec(reward_funcs: Any, processing_classes: Any, config: OnPolicyConf
     """One RewardObjectsSpec of TRL's reward_funcs (functions, reward model names, reward model objects), weighted
     by args.reward_weights, the reward models read with their reward_processing_classes."""
     from training_wizard.specs.reward_model_function import ModelRewardFunction, model_reward_function
-    from training_wizard.specs.reward_objects import RewardObjectsSpec
+    from training_wizard.specs.reward_functions import RewardObjectsSpec
 
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
