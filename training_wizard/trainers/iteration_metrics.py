@@ -66,9 +66,10 @@ class IterationMetrics:
         an UpdateResult). `eps`: its episodes per second; `lr`: the learning rate its update used; `started`: its
         time.perf_counter() at the start (TRL's step time; None outside the loop). Every process calls it."""
         trl_inputs = trainer.trl_reward_inputs(rollout, shaped)
-        tokens = tokens_read(trainer.collectives, trainer.accelerator.device, rollout) if trl_inputs else 0
+        with_trl_names = trl_inputs is not None
+        tokens = tokens_read(trainer.collectives, trainer.accelerator.device, rollout) if with_trl_names else 0
         values = shared_metrics(trainer, rollout, shaped, update, eps, lr, update_seconds)
-        if trl_inputs is not None:
+        if with_trl_names:
             tokens_seen = trainer.state.num_input_tokens_seen + tokens
             add_trl_names(trainer, values, rollout, shaped, trl_inputs, tokens_seen, started)
         values.update(reward_log_metrics(trainer.collectives, rollout, values, trainer.reward))  # by their names
