@@ -40,14 +40,14 @@ def scores(tokenizer, seed: int, length: int, options: dict) -> tuple[float, flo
         trainer = make_rloo_trainer(tokenizer, Path(folder), rloo_k=4, per_device_train_batch_size=16,
                                     total_episodes=16 * 60, response_length=length, learning_rate=3e-3,
                                     num_ppo_epochs=2, temperature=1.0, kl_coef=0.0, seed=seed, **options)
-        weigh = trainer._correction_weights
+        weigh = trainer.correction_weights
 
         def counted(logprobs, sampling_logprobs, mask):
             weights = weigh(logprobs, sampling_logprobs, mask)
             zeroed.append(float((weights.sequence == 0).double().mean()))
             return weights
 
-        trainer._correction_weights = counted
+        trainer.correction_weights = counted
         trainer.train()
         records = read_metrics(Path(folder))
     values = [record["objective/scores"] for record in records]

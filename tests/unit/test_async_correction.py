@@ -26,7 +26,7 @@ class ConfiguredLoop(UpdateLoop):
 
 
 def weights(**options):
-    return ConfiguredLoop(RLOOConfig(**options))._correction_weights(PROXIMAL, BEHAVIOUR, MASK)
+    return ConfiguredLoop(RLOOConfig(**options)).correction_weights(PROXIMAL, BEHAVIOUR, MASK)
 
 
 def close(actual, expected):
@@ -61,7 +61,7 @@ def test_runs_that_sample_nothing_ahead_keep_the_vllm_mode(options):
     """max_staleness = 0 is the synchronous loop, bit for bit: its (vLLM) correction keeps its own mode."""
     loop = ConfiguredLoop(RLOOConfig(**options, vllm_importance_sampling_mode="sequence_truncate"))
     assert loop.correction_mode == "sequence_truncate"
-    close(loop._correction_weights(PROXIMAL, BEHAVIOUR, MASK).sequence, [E**-0.5, 3.0])
+    close(loop.correction_weights(PROXIMAL, BEHAVIOUR, MASK).sequence, [E**-0.5, 3.0])
 
 
 def test_async_correction_without_async_rollouts_is_refused_with_one_line():
@@ -77,10 +77,10 @@ def test_the_sampling_metrics_read_the_weights_the_async_rule_makes(tokenizer, t
     """An async run's correction metrics are per token or per completion as async_correction says, not as the
     (synchronous) vllm_importance_sampling_mode does."""
     from tests.helpers import make_rloo_trainer
-    from training_wizard.trainers import base
+    from training_wizard.trainers import iteration_metrics
 
-    seen, measure = [], base.sampling_metrics
-    monkeypatch.setattr(base, "sampling_metrics", lambda *args: seen.append(args[-1]) or measure(*args))
+    seen, measure = [], iteration_metrics.sampling_metrics
+    monkeypatch.setattr(iteration_metrics, "sampling_metrics", lambda *args: seen.append(args[-1]) or measure(*args))
     make_rloo_trainer(tokenizer, tmp_path, total_episodes=32, async_rollouts=True, async_correction=correction,
                       vllm_importance_sampling_mode="sequence_mask").train()
     assert seen and set(seen) == {per_sequence}

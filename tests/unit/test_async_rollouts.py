@@ -83,7 +83,7 @@ def test_a_stale_batch_holds_the_behaviour_and_current_logprobs_and_is_weighted_
     torch.testing.assert_close(stale.sampling_logprobs[mask], logprobs(initial)[mask], rtol=0, atol=1e-6)
     torch.testing.assert_close(stale.logprobs[mask], logprobs(current)[mask], rtol=0, atol=1e-6)
     assert (stale.sampling_logprobs[~mask] == 0).all()
-    weights = trainer._correction_weights(stale.logprobs, stale.sampling_logprobs, mask)
+    weights = trainer.correction_weights(stale.logprobs, stale.sampling_logprobs, mask)
     # the default rule, token_truncate at TRL's cap of 3: each token's ratio, lowered to 3 where above; a completion
     # (RLOO's sequence loss) weighs the product of its tokens' weights, lowered to 3 where above
     ratio = torch.exp((stale.logprobs - stale.sampling_logprobs) * mask).clamp(max=3.0) * mask

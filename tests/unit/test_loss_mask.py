@@ -13,6 +13,7 @@ import torch
 from training_wizard.core.ppo import gae_advantages
 from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
 from training_wizard.trainers.grpo import GRPOTrainer, grpo_loss
+from training_wizard.trainers.iteration_metrics import IterationMetrics
 from training_wizard.trainers.ppo import PPOTrainer, ppo_loss
 from training_wizard.trainers.rloo import RLOOTrainer, rloo_loss
 from training_wizard.trainers.update import PolicyForward, UpdateResult
@@ -105,8 +106,8 @@ def test_environment_tokens_change_no_advantage_metric_or_loss(kind, options, to
 
     # step 8: every logged statistic of the rollout
     def metrics(batch, shaped):
-        logged = trainer._iteration_metrics(batch, shaped, UpdateResult(), eps=1.0, lr=0.0, update_seconds=0.0)
-        return {k: v for k, v in logged.items() if not k.startswith(WALL_CLOCK)}
+        logged = IterationMetrics.of(trainer, batch, shaped, UpdateResult(), eps=1.0, lr=0.0, update_seconds=0.0)
+        return {k: v for k, v in logged.values.items() if not k.startswith(WALL_CLOCK)}
 
     assert metrics(mixed, mixed_shaped) == metrics(compact, compact_shaped)
 

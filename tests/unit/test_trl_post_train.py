@@ -1,5 +1,5 @@
 """What a script written for TRL's trainers reads after train() (trl/results.py, trl/callbacks.py)
-and TRL 1.16's metric names beside ours (trainers/group_metrics.py)."""
+and TRL 1.16's metric names beside ours (trainers/iteration_metrics.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.helpers import distinct, make_grpo_trainer, make_rloo_trainer
 from training_wizard.core.losses import clipped_surrogate_sequence
 from training_wizard.errors import UserError
 from training_wizard.tracking.metrics import read_metrics
-from training_wizard.trainers.group_metrics import completion_metrics, reward_metrics, tokens_read
+from training_wizard.trainers.iteration_metrics import completion_metrics, reward_metrics, tokens_read
 from training_wizard.trainers.rloo import clip_ratios
 from training_wizard.trainers.run_state import RunState
 from training_wizard.trl.trainers import RLOOTrainer
@@ -80,9 +80,10 @@ def test_rloo_frac_reward_zero_std_compares_rewards_after_the_kl_penalty():
     """TRL 1.16's RLOO takes the group std of score - beta * kl: equal scores with unequal KL are not a zero std."""
     rollout = SimpleNamespace(scores=torch.tensor([1.0, 1.0, 2.0, 3.0]), group_ids=torch.tensor([0, 0, 1, 1]))
     shaped = SimpleNamespace(rlhf_reward=torch.tensor([0.9, 0.8, 2.5, 2.5]), scored=None)
-    assert RLOOTrainer.reward_std_is_zero(None, rollout, shaped).tolist() == [False, False, True, True]
+    rloo = SimpleNamespace(config=SimpleNamespace(kl_coef=0.0))
+    assert RLOOTrainer.trl_reward_inputs(rloo, rollout, shaped).std_is_zero.tolist() == [False, False, True, True]
     lone = SimpleNamespace(rlhf_reward=shaped.rlhf_reward, scored=torch.tensor([True, False, True, True]))
-    assert RLOOTrainer.reward_std_is_zero(None, rollout, lone).tolist() == [False, False, True, True]
+    assert RLOOTrainer.trl_reward_inputs(rloo, rollout, lone).std_is_zero.tolist() == [False, False, True, True]
 
 
 def test_the_token_count_is_part_of_a_checkpoint():

@@ -6,7 +6,8 @@ One iteration:
                                                               rollout/collector.py): a TrajectoryBatch
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
   7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py), subclass `micro_batch_loss`
-  8. log metrics and samples, evaluate, checkpoint            `_record_iteration`
+  8. log metrics and samples, evaluate, checkpoint            `_record_iteration`; the metrics:
+                                                              trainers/iteration_metrics.py
 
 Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
 the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
@@ -47,11 +48,10 @@ from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
 from training_wizard.trainers.config import OnPolicyConfig
 from training_wizard.trainers.environment_failures import stop_on_environment_failures
-from training_wizard.trainers.reward_logs import record_samples, reward_log_metrics
+from training_wizard.trainers.iteration_metrics import IterationMetrics, TRLRewardInputs, record_samples
 from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.rollout_metrics import component_mean, episode_metrics, sampling_metrics
 from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
 
@@ -287,10 +287,9 @@ class OnPolicyTrainer(UpdateLoop):
         self.state.episode += plan.batch_size
         # this iteration's rate (sampling, scoring and update), not a running average since the start
         eps = plan.batch_size / max(time.perf_counter() - self._iteration_started, 1e-9)
-        metrics = self._iteration_metrics(rollout, shaped, update, eps, lr, update_seconds)
-        metrics.update(reward_log_metrics(self.collectives, rollout, metrics, self.reward))  # log_metric's, by name
-        if config.skip_nonfinite_batches:
-            metrics["guards/skipped_batches"] = self.state.skipped_batches
+        measured = IterationMetrics.of(self, rollout, shaped, update, eps, lr, update_seconds, self._iteration_started)
+        self.state.num_input_tokens_seen += measured.tokens_read  # before the checkpoint below saves it
+        metrics = measured.values
         if self.state.iteration % config.logging_steps == 0 or self.state.iteration == plan.num_iterations:
             self.metrics.log(metrics, self.state.iteration)
             progress.update(self.state.episode, metrics)
@@ -332,50 +331,10 @@ class OnPolicyTrainer(UpdateLoop):
         stop_with_checkpoint(self, stop, state)
 
     # ---------------------------------------------------------------------------------------------- metrics
-    def _iteration_metrics(self, rollout: TrajectoryBatch, shaped: ShapedRewards, update: UpdateResult,
-                           eps: float, lr: float, update_seconds: float) -> dict:
-        device, update_stats = self.accelerator.device, update.stats
-
-        def mean(values: torch.Tensor) -> float:
-            return float(self.collectives.mean(values.float().mean().to(device)))
-
-        seconds = {**rollout.timings, "update": update_seconds}
-        timings = {k: float(self.collectives.mean(torch.tensor(v, device=device))) for k, v in seconds.items()}
-        tokens = rollout.completion_mask.sum().float().to(device)  # every token sampled or read
-        metrics = {
-            "eps": eps,
-            "objective/kl": mean(shaped.kl),
-            "objective/entropy": mean(-(rollout.logprobs * rollout.loss_mask).sum(-1)),
-            "objective/non_score_reward": mean(shaped.non_score_reward),
-            "objective/rlhf_reward": mean(shaped.rlhf_reward),
-            "objective/scores": mean(rollout.scores),
-            **update_stats,
-            # RLOO has no value model: 0 keeps TRL's metric names identical for both trainers.
-            "val/clipfrac_avg": update_stats.get("val/clipfrac_avg", 0.0),
-            "val/num_eos_tokens": float(self.collectives.sum(rollout.has_stop.sum().float().to(device))),
-            "completions/mean_length": mean(rollout.loss_mask.sum(-1)),
-            "lr": lr,
-            "episode": self.state.episode,
-            "time/generation": timings["generation"] + timings["logprobs"],
-            "time/scoring": timings["scoring"],
-            "time/update": timings["update"],
-            "tokens_per_s": float(self.collectives.sum(tokens)) / max(sum(timings.values()), 1e-9),
-        }
-        for name, values in rollout.components.items():
-            metrics[f"rewards/{name}"] = component_mean(self.collectives, device, values)
-        if rollout.sampling_logprobs is not None:
-            metrics.update(self._sampling_metrics(rollout))
-        if rollout.episode_stats:
-            metrics.update(episode_metrics(self.collectives, device, rollout))
-            metrics["episodes/failed_total"] = self.state.failed_episodes
-        metrics.update(self.rollout_source.metrics(rollout, self.state.iteration))
-        metrics.update(update.corrections)  # the update's own correction weights, in place of the batch's above
-        return metrics
-
-    def _sampling_metrics(self, rollout: TrajectoryBatch) -> dict[str, float]:
-        weights = self._correction_weights(rollout.logprobs, rollout.sampling_logprobs, rollout.loss_mask)
-        return sampling_metrics(self.collectives, self.accelerator.device, rollout, weights,
-                                self.correction_mode.startswith("sequence"))
+    def trl_reward_inputs(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> TRLRewardInputs | None:
+        """The algorithm's inputs to TRL's reward metrics (trainers/iteration_metrics.py); None: the trainer logs no
+        TRL names (PPO)."""
+        return None
 
     def _sample_table(self, rollout: TrajectoryBatch, rows: int = 4):
         return record_samples(self.samples, self.state, rollout, rows)

@@ -9,7 +9,7 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   (`optimizer_step_totals`) and passed to each of its micro-batches, so gradient accumulation and several
   processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones: `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy` and `kl`
-  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/group_metrics.py).
+  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/iteration_metrics.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from training_wizard.core.grpo import (
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.config import GRPOConfig
 from training_wizard.trainers.group_trainer import GroupTrainer
+from training_wizard.trainers.iteration_metrics import TRLRewardInputs
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
@@ -89,13 +90,10 @@ class GRPOTrainer(GroupTrainer):
         return pooled[~torch.isnan(pooled)].to(entropy.device)
 
     # -- step 8 ------------------------------------------------------------------------------------------------
-    def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped) -> torch.Tensor:
-        """The rows whose advantage scale was zero (with scale_rewards = "batch", the whole batch's)."""
-        return shaped.std_is_zero
-
-    def trl_kl_sum(self, shaped) -> None:
-        """TRL's GRPO logs `kl` from its loss pass: grpo_loss's statistics hold it."""
-        return None
+    def trl_reward_inputs(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> TRLRewardInputs:
+        """The rows whose advantage scale was zero (with scale_rewards = "batch", the whole batch's); no KL sums:
+        TRL's GRPO logs `kl` from its loss pass, which grpo_loss's statistics hold."""
+        return TRLRewardInputs(std_is_zero=shaped.std_is_zero, kl_sum=None)
 
 
 def grpo_loss(shaped: dict[str, torch.Tensor], forward: PolicyForward, step: StepTokens, config: GRPOConfig,

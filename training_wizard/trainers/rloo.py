@@ -12,6 +12,7 @@ from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surr
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.config import RLOOConfig
 from training_wizard.trainers.group_trainer import GroupTrainer
+from training_wizard.trainers.iteration_metrics import TRLRewardInputs
 from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
 
 
@@ -41,12 +42,13 @@ class RLOOTrainer(GroupTrainer):
             scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
 
-    def reward_std_is_zero(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> torch.Tensor:
-        """(B,) bool: the row's group has equal rewards after the KL penalty, over its scored rows. TRL 1.16's RLOO
-        takes its `frac_reward_zero_std` from the nanstd of score - beta * kl, the reward its baselines use (ours:
-        `rlhf_reward`), so with kl_coef != 0 a group is rarely counted; a group with fewer than two scored rows has
-        no standard deviation, so it is not counted as zero."""
-        return group_advantages(shaped.rlhf_reward.float(), rollout.group_ids, scored=shaped.scored)[1]
+    def trl_reward_inputs(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> TRLRewardInputs:
+        """`std_is_zero`: the row's group has equal rewards after the KL penalty, over its scored rows. TRL 1.16's
+        RLOO takes its `frac_reward_zero_std` from the nanstd of score - beta * kl, the reward its baselines use
+        (ours: `rlhf_reward`), so with kl_coef != 0 a group is rarely counted; a group with fewer than two scored
+        rows has no standard deviation, so it is not counted as zero. `kl_sum` where TRL logs `kl` (beta != 0)."""
+        std_is_zero = group_advantages(shaped.rlhf_reward.float(), rollout.group_ids, scored=shaped.scored)[1]
+        return TRLRewardInputs(std_is_zero=std_is_zero, kl_sum=shaped.kl if self.config.kl_coef != 0.0 else None)
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
                          forward: PolicyForward, step_totals=None) -> MicroBatchLoss:

@@ -27,7 +27,7 @@ from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import engine_kind
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
-from training_wizard.trainers.rollout_metrics import sampling_metrics
+from training_wizard.trainers.iteration_metrics import sampling_metrics
 
 
 @dataclass
@@ -146,10 +146,10 @@ class UpdateLoop:
         if "sampling_logprobs" in rows and (config.vllm_importance_sampling_correction or stale is not None):
             if stale is not None and config.single_update_pass:
                 # one pass: this forward's own logprobs are the proximal policy's (the batch was not refreshed)
-                correction = self._correction_weights(old, rows["sampling_logprobs"], rows["loss_mask"])
+                correction = self.correction_weights(old, rows["sampling_logprobs"], rows["loss_mask"])
                 stale.corrections.append((old, rows["sampling_logprobs"], rows["loss_mask"], correction))
             else:
-                correction = self._correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
+                correction = self.correction_weights(rows["logprobs"], rows["sampling_logprobs"], rows["loss_mask"])
         return PolicyForward(token, old, correction)
 
     @property
@@ -163,7 +163,7 @@ class UpdateLoop:
             return config.vllm_importance_sampling_mode  # a mode the user chose holds unless they chose both
         return config.async_correction
 
-    def _correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
+    def correction_weights(self, logprobs, sampling_logprobs, mask) -> ImportanceWeights:
         """The bounded correction weights under the config's mode and bounds."""
         config = self.config
         return sampling_correction_weights(
