@@ -87,7 +87,7 @@ class CallbackMetrics:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.logger.log(metrics, step)
         self.runner.sync(self.trainer)
-        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/group_metrics.py)
+        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/group_trainer.py)
         logs = {**metrics, **(wall_clock(metrics) if wall_clock else {}), "epoch": self.runner.state.epoch}
         self.runner.state.log_history.append({**logs, "step": self.runner.state.global_step})
         self.runner.event("on_log", self.trainer, logs=logs)
