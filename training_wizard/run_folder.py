@@ -218,8 +218,14 @@ def run_identity(trainer) -> dict[str, Any]:
     models = {}
     for folder, model in trainer.checkpoint_models().items():
         models[folder] = model_identity(unwrap_model(trainer.accelerator, model))
-    kind = type(trainer)
+    kind = algorithm_class(type(trainer))
     return {"trainer": f"{kind.__module__}.{kind.__qualname__}", "models": models}
+
+
+def algorithm_class(kind: type) -> type:
+    """The package's own trainer class a trainer is (its algorithm): the same for a recipe's run and for the class
+    `training_wizard` exports (which adds TRL's constructor to it), so either resumes the other's checkpoints."""
+    return next((base for base in kind.__mro__ if base.__module__.startswith("training_wizard.trainers.")), kind)
 
 
 def model_identity(model) -> dict[str, Any]:
@@ -251,7 +257,8 @@ def _short(trainer_path: str) -> str:
 
 def identity_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """None when `recorded` (a checkpoint's or run.json's) matches `current`; else what differs, naming both."""
-    if recorded.get("trainer") != current.get("trainer"):
+    # by class name: a checkpoint names the module its trainer class lived in then, which a later version may move
+    if _short(str(recorded.get("trainer"))) != _short(str(current.get("trainer"))):
         return (f"written by {_short(str(recorded.get('trainer')))}, this run is "
                 f"{_short(str(current.get('trainer')))}")
     old_models, new_models = recorded.get("models", {}), current.get("models", {})
