@@ -26,7 +26,7 @@ from sampler import median_seconds
 
 from training_wizard.core.logprobs import selective_logprobs
 from training_wizard.rollout.scoring import batched_logprobs, response_logits, shared_prompt_logits
-from training_wizard.trainers.setup import enable_activation_checkpointing
+from training_wizard.trainers.loop.setup import enable_activation_checkpointing
 
 
 def load_model(folder: Path) -> torch.nn.Module:

@@ -40,7 +40,7 @@ def _sections() -> list[tuple[str, str, list[type]]]:
     from training_wizard.specs import (
         dataset, environment, model, remote_reward, reward, reward_functions, text_metrics, verifiable,
     )
-    from training_wizard.trainers.supervised_config import RewardConfig, SequenceClassificationConfig, SFTConfig
+    from training_wizard.trainers.supervised.config import RewardConfig, SequenceClassificationConfig, SFTConfig
     from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:

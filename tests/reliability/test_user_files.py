@@ -72,7 +72,7 @@ def test_which_files_a_run_wrote(tmp_path):
     assert written_by_a_run(tmp_path) == ["metrics.jsonl"]
     assert user_files(tmp_path) == ["samples.jsonl", "prompts.jsonl", "model"]
     # an older run's run.json (no list of files) vouches for the names it knew; prompts.jsonl needs its content
-    (tmp_path / "run.json").write_text(json.dumps({"trainer": "training_wizard.trainers.rloo.RLOOTrainer"}))
+    (tmp_path / "run.json").write_text(json.dumps({"trainer": "training_wizard.trainers.algorithms.rloo.RLOOTrainer"}))
     assert user_files(tmp_path) == ["prompts.jsonl"]
     (tmp_path / "prompts.jsonl").write_text(records)
     assert user_files(tmp_path) == [] and "prompts.jsonl" in written_by_a_run(tmp_path)

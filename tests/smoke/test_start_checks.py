@@ -86,7 +86,7 @@ def _one_error_line(capsys, argv, expected):
 def test_dry_run_refuses_another_runs_folder_as_the_run_does_writing_nothing(recipe, capsys):
     run = recipe.parent / "run"
     run.mkdir()
-    (run / "run.json").write_text(json.dumps({"trainer": "training_wizard.trainers.grpo.GRPOTrainer",
+    (run / "run.json").write_text(json.dumps({"trainer": "training_wizard.trainers.algorithms.grpo.GRPOTrainer",
                                               "files": ["run.json", "metrics.jsonl"]}))
     (run / "metrics.jsonl").write_text(json.dumps({"episode": 4, "loss/policy_avg": 0.1}) + "\n")
     before = _listing(run)

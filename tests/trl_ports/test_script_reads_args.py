@@ -26,7 +26,7 @@ def test_trls_eval_strategy_key_and_the_attribute_agree():
 
 def test_a_script_reading_the_config_as_trls_grpo_script_trains_evaluates_and_pushes(
         run_trl_script, tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from training_wizard.trainers import hub
+    from training_wizard.trainers.config import hub
 
     uploads = []
     monkeypatch.setattr(hub, "upload_to_hub",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training_wizard import RLOOConfig
-from training_wizard.trainers.update import UpdateLoop
+from training_wizard.trainers.loop.update import UpdateLoop
 
 # Proximal minus behaviour logprobs: row 0 (0.5, -1.0), row 1 (0.0, 1.5); the third column is padding.
 PROXIMAL = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, 0.0]])
@@ -77,7 +77,7 @@ def test_the_sampling_metrics_read_the_weights_the_async_rule_makes(tokenizer, t
     """An async run's correction metrics are per token or per completion as async_correction says, not as the
     (synchronous) vllm_importance_sampling_mode does."""
     from tests.helpers import make_rloo_trainer
-    from training_wizard.trainers import iteration_metrics
+    from training_wizard.trainers.loop import iteration_metrics
 
     seen, measure = [], iteration_metrics.sampling_metrics
     monkeypatch.setattr(iteration_metrics, "sampling_metrics", lambda *args: seen.append(args[-1]) or measure(*args))

@@ -149,7 +149,7 @@ def test_a_hung_environment_step_is_an_error_message_and_the_episode_goes_on(tok
     answered = [row for row in range(batch.num_rows) if (batch.completion_mask[row] & ~batch.loss_mask[row]).any()]
     assert answered and batch.episode_stats["errors"][answered].min() >= 1
     assert batch.episode_stats["failures"].sum() == 0  # no tool was called
-    from training_wizard.trainers.iteration_metrics import episode_metrics
+    from training_wizard.trainers.loop.iteration_metrics import episode_metrics
 
     metrics = episode_metrics(trainer.collectives, "cpu", batch)
     assert metrics["episodes/environment_errors_mean"] >= 1 and metrics["tools/failure_frequency"] == 0

@@ -16,7 +16,7 @@ from training_wizard.rollout.scoring import (
 )
 from training_wizard.core.logprobs import head_logprobs, logprobs_and_entropy, selective_logprobs
 from training_wizard.testing import build_causal_lm
-from training_wizard.trainers.setup import enable_activation_checkpointing
+from training_wizard.trainers.loop.setup import enable_activation_checkpointing
 from training_wizard.tracking.metrics import read_metrics
 
 from tests.helpers import make_rloo_trainer, prompts, x_share
@@ -495,7 +495,7 @@ def test_a_compiled_update_trains_like_the_eager_one(tokenizer, tmp_path):
 def test_sharded_weights_keep_every_pass_per_row(tokenizer, tmp_path, monkeypatch):
     """Under DeepSpeed or FSDP each forward pass is a collective: the number of passes must not depend on how many
     distinct prompts a process holds, so neither the rollout nor the update shares prompt passes."""
-    from training_wizard.trainers import setup
+    from training_wizard.trainers.loop import setup
 
     monkeypatch.setattr(setup, "engine_kind", lambda accelerator: "fsdp")
     trainer = make_trainer(tokenizer, tmp_path)
@@ -698,7 +698,7 @@ def test_free_host_memory_goes_back_to_the_system():
 
 
 def test_the_update_releases_free_memory_before_each_backward(tokenizer, tmp_path, monkeypatch):
-    import training_wizard.trainers.update as update
+    import training_wizard.trainers.loop.update as update
 
     trainer = make_trainer(tokenizer, tmp_path, num_ppo_epochs=2, num_mini_batches=2)
     events = []

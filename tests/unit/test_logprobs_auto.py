@@ -11,7 +11,7 @@ import torch
 from training_wizard import RLOOConfig
 from training_wizard.testing import build_causal_lm
 from training_wizard.tracking.metrics import read_metrics
-from training_wizard.trainers.setup import resolve_logprobs_from_sampling
+from training_wizard.trainers.loop.setup import resolve_logprobs_from_sampling
 
 from tests.helpers import make_rloo_trainer, prompts
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from training_wizard.core.ppo import gae_advantages
-from training_wizard.trainers.config import GRPOConfig, PPOConfig, RLOOConfig
-from training_wizard.trainers.grpo import GRPOTrainer, grpo_loss
-from training_wizard.trainers.iteration_metrics import IterationMetrics
-from training_wizard.trainers.ppo import PPOTrainer, ppo_loss
-from training_wizard.trainers.rloo import RLOOTrainer, rloo_loss
-from training_wizard.trainers.update import PolicyForward, UpdateResult
+from training_wizard.trainers.config.on_policy import GRPOConfig, PPOConfig, RLOOConfig
+from training_wizard.trainers.algorithms.grpo import GRPOTrainer, grpo_loss
+from training_wizard.trainers.loop.iteration_metrics import IterationMetrics
+from training_wizard.trainers.algorithms.ppo import PPOTrainer, ppo_loss
+from training_wizard.trainers.algorithms.rloo import RLOOTrainer, rloo_loss
+from training_wizard.trainers.loop.update import PolicyForward, UpdateResult
 from training_wizard.testing import build_causal_lm
 
 from tests.helpers import prompts, x_share

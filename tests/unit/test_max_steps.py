@@ -44,8 +44,8 @@ def test_max_steps_rounds_up_to_whole_iterations_and_refuses_total_episodes():
 
 def make_sft_trainer(tokenizer, tmp_path, **options):
     from training_wizard.testing import build_causal_lm
-    from training_wizard.trainers.supervised_config import SFTConfig
-    from training_wizard.trainers.sft import SFTTrainer, encode_sft_row
+    from training_wizard.trainers.supervised.config import SFTConfig
+    from training_wizard.trainers.supervised.sft import SFTTrainer, encode_sft_row
 
     config = SFTConfig(output_dir=str(tmp_path), **options)
     rows = [encode_sft_row({"prompt": f"Say {i}:", "completion": "a b"}, tokenizer, config) for i in range(10)]
@@ -54,8 +54,8 @@ def make_sft_trainer(tokenizer, tmp_path, **options):
 
 def make_reward_trainer(tokenizer, tmp_path, **options):
     from training_wizard.testing import build_sequence_classifier
-    from training_wizard.trainers.supervised_config import RewardConfig
-    from training_wizard.trainers.reward_model import RewardModelTrainer, encode_pairs
+    from training_wizard.trainers.supervised.config import RewardConfig
+    from training_wizard.trainers.supervised.reward_model import RewardModelTrainer, encode_pairs
 
     config = RewardConfig(output_dir=str(tmp_path), **options)
     pairs, _ = encode_pairs([{"prompt": f"Say {i}:", "chosen": "yes", "rejected": "no"} for i in range(10)],

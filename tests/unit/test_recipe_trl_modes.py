@@ -139,7 +139,7 @@ def test_push_to_hub_without_a_token_stops_at_start_in_one_line(tiny_model_dir, 
 
 def test_push_to_hub_uploads_the_final_model_folder_to_hub_model_id(tiny_model_dir, tmp_path, hub_online,
                                                                     monkeypatch, capsys):
-    from training_wizard.trainers import hub
+    from training_wizard.trainers.config import hub
 
     uploads = []
 

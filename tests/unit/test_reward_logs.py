@@ -17,7 +17,7 @@ from training_wizard.specs.reward import CallableRewardSpec
 from training_wizard.specs.reward_functions import RewardObjectsSpec
 from training_wizard.tracking.metrics import read_metrics
 from training_wizard.tracking.samples import SampleTable
-from training_wizard.trainers.iteration_metrics import reward_log_metrics
+from training_wizard.trainers.loop.iteration_metrics import reward_log_metrics
 
 
 def logging_length(completions, log_extra, log_metric, **kwargs):

@@ -9,8 +9,8 @@ import torch
 
 from training_wizard.cli import main
 from training_wizard.errors import UserError
-from training_wizard.trainers.supervised_config import RewardConfig
-from training_wizard.trainers.reward_model import collate_pairs, encode_pair
+from training_wizard.trainers.supervised.config import RewardConfig
+from training_wizard.trainers.supervised.reward_model import collate_pairs, encode_pair
 
 
 def ids(tokenizer, text):
@@ -105,7 +105,7 @@ def test_recipe_learns_a_preference_and_its_model_is_a_reward_spec_and_a_value_m
 def test_pairs_longer_than_max_length_are_left_out_not_cut(tokenizer):
     """TRL's RewardTrainer filters pairs over max_length. Cutting them instead made a long prompt's chosen and
     rejected the same tokens (no signal, still averaged in)."""
-    from training_wizard.trainers.reward_model import encode_pairs
+    from training_wizard.trainers.supervised.reward_model import encode_pairs
 
     long_prompt = "word " * 40
     rows = [{"prompt": "Say: ", "chosen": "the sun", "rejected": "a dog"},

@@ -13,8 +13,8 @@ from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surr
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import load_recipe
 from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig
-from training_wizard.trainers.rloo import rloo_loss
-from training_wizard.trainers.update import PolicyForward
+from training_wizard.trainers.algorithms.rloo import rloo_loss
+from training_wizard.trainers.loop.update import PolicyForward
 
 
 def _ratios(values):

@@ -2,9 +2,9 @@
 `training_wizard` exports) must agree, and a checkpoint written before a module moved must still resume."""
 
 from training_wizard.run_folder import algorithm_class, identity_difference
-from training_wizard.trainers.grpo import GRPOTrainer as NativeGRPO
-from training_wizard.trainers.ppo import PPOTrainer as NativePPO
-from training_wizard.trainers.rloo import RLOOTrainer as NativeRLOO
+from training_wizard.trainers.algorithms.grpo import GRPOTrainer as NativeGRPO
+from training_wizard.trainers.algorithms.ppo import PPOTrainer as NativePPO
+from training_wizard.trainers.algorithms.rloo import RLOOTrainer as NativeRLOO
 from training_wizard.trl.trainers import GRPOTrainer, PPOTrainer, RLOOTrainer
 
 

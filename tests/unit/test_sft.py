@@ -7,8 +7,8 @@ import torch
 
 from training_wizard.errors import UserError
 from training_wizard.testing import build_causal_lm
-from training_wizard.trainers.supervised_config import SFTConfig
-from training_wizard.trainers.sft import SFTExample, SFTTrainer, collate, encode_sft_row, pack_examples
+from training_wizard.trainers.supervised.config import SFTConfig
+from training_wizard.trainers.supervised.sft import SFTExample, SFTTrainer, collate, encode_sft_row, pack_examples
 
 
 def ids(tokenizer, text, special=False):
@@ -209,7 +209,7 @@ def test_a_non_finite_loss_stops_before_the_weights_change(tokenizer, tmp_path, 
 
 
 def test_skip_nonfinite_batches_skips_the_step_with_a_nan_loss_and_counts_it(tokenizer, tmp_path, monkeypatch):
-    """The supervised loop shares the on-policy loop's optimizer step (trainers/step.py), skip mode included:
+    """The supervised loop shares the on-policy loop's optimizer step (trainers/loop/step.py), skip mode included:
     step 1's NaN loss leaves the weights as step 0 left them, is counted, and the run goes on."""
     from training_wizard import signals
     from training_wizard.tracking.metrics import read_metrics

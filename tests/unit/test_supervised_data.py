@@ -16,9 +16,9 @@ from training_wizard.specs.dataset import (
     SimpleDataSourceSpec,
     TemplateInstructDatasourceSpec,
 )
-from training_wizard.trainers.supervised_config import RewardConfig, SFTConfig
-from training_wizard.trainers.reward_model import encode_pair, encode_pairs
-from training_wizard.trainers.sft import encode_sft_row, encode_sft_rows
+from training_wizard.trainers.supervised.config import RewardConfig, SFTConfig
+from training_wizard.trainers.supervised.reward_model import encode_pair, encode_pairs
+from training_wizard.trainers.supervised.sft import encode_sft_row, encode_sft_rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ROLE_HINT = ("expected system, user or assistant (or a role listed in training.extra_roles, if the chat template "

@@ -24,7 +24,7 @@ from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.rollout.tools import parse_hermes
 from training_wizard.rollout.trajectory import StopReason
 from training_wizard.testing import build_causal_lm, scripted_backend
-from training_wizard.trainers.iteration_metrics import episode_metrics
+from training_wizard.trainers.loop.iteration_metrics import episode_metrics
 
 
 def call(name, **arguments):

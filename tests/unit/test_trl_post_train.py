@@ -1,5 +1,5 @@
 """What a script written for TRL's trainers reads after train() (trl/results.py, trl/callbacks.py)
-and TRL 1.16's metric names beside ours (trainers/iteration_metrics.py)."""
+and TRL 1.16's metric names beside ours (trainers/loop/iteration_metrics.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from tests.helpers import distinct, make_grpo_trainer, make_rloo_trainer
 from training_wizard.core.losses import clipped_surrogate_sequence
 from training_wizard.errors import UserError
 from training_wizard.tracking.metrics import read_metrics
-from training_wizard.trainers.iteration_metrics import completion_metrics, reward_metrics, tokens_read
-from training_wizard.trainers.rloo import clip_ratios
-from training_wizard.trainers.run_state import RunState
+from training_wizard.trainers.loop.iteration_metrics import completion_metrics, reward_metrics, tokens_read
+from training_wizard.trainers.algorithms.rloo import clip_ratios
+from training_wizard.trainers.loop.run_state import RunState
 from training_wizard.trl.trainers import RLOOTrainer
 
 ONE_PROCESS = SimpleNamespace(sum=lambda tensor: tensor, max=lambda tensor: tensor)

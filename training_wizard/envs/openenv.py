@@ -23,7 +23,7 @@ or a server not started, and stops the run at its start in one line (a UserError
 Once reached, whatever goes wrong on the environment's side (no answer within `step_timeout`, a dropped connection,
 an error the server reports, an answer that cannot be read, an exception in an in-process environment) raises
 `EnvironmentFailure`: the episode ends there, counted in `episodes/environment_errors_mean` and `episodes/failed`,
-and the run goes on, until failed episodes pass training.max_environment_failures (trainers/environment_failures.py).
+and the run goes on, until failed episodes pass training.max_environment_failures (trainers/loop/environment_failures.py).
 A reply the user's action function cannot read (it raises) is an error message to the model instead.
 
 OpenEnv is an optional dependency (`pip install -e .[envs]`): nothing here imports it until an episode is made.

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 from training_wizard.errors import UserError
 from training_wizard.legacy import is_legacy_recipe, translate_legacy_recipe
 from training_wizard.spec import Spec, add_import_roots, import_spec_class, load_spec, read_recipe_file
-from training_wizard.trainers.run_config import (
+from training_wizard.trainers.config.run import (
     DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, OVERWRITE_OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION, SEED_RANGE,
 )
 
@@ -68,7 +68,7 @@ class Recipe(Spec):
         from rich.console import Console
 
         from training_wizard.sharding import wait_for_each_zero3_gather
-        from training_wizard.trainers.step import make_accelerator
+        from training_wizard.trainers.loop.step import make_accelerator
 
         # Before anything draws from the global generators (a LoRA adapter's initial weights do): without it
         # torch starts each process from a random seed and two runs of one recipe differ.
@@ -154,7 +154,7 @@ class Recipe(Spec):
         hub_model_id. A failed upload is one line (exit 2); the saved model stays."""
         if not getattr(config, "push_to_hub", False):
             return
-        from training_wizard.trainers import hub
+        from training_wizard.trainers.config import hub
 
         folder = Path(self.output_dir) / "model"
         repo, _ = hub.upload_to_hub(folder, hub.hub_repository(config), "training.push_to_hub",
@@ -232,7 +232,7 @@ def check_hub_reachable(config) -> None:
     written) a run whose upload could not happen, rather than finding out after training."""
     if not getattr(config, "push_to_hub", False):
         return
-    from training_wizard.trainers.hub import hub_unavailable
+    from training_wizard.trainers.config.hub import hub_unavailable
 
     reason = hub_unavailable(None)
     if reason is not None:

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from training_wizard.errors import UserError
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.supervised_config import SequenceClassificationConfig
+from training_wizard.trainers.supervised.config import SequenceClassificationConfig
 
 
 class SequenceClassificationRecipe(SupervisedRecipe):
@@ -20,7 +20,7 @@ class SequenceClassificationRecipe(SupervisedRecipe):
     )
 
     def encode(self, rows, tokenizer, config, label: str, console: Console) -> list:
-        from training_wizard.trainers.classification import encode_labelled_rows
+        from training_wizard.trainers.supervised.classification import encode_labelled_rows
 
         return encode_labelled_rows(rows, tokenizer, config, label)
 
@@ -52,7 +52,7 @@ class SequenceClassificationRecipe(SupervisedRecipe):
         return model
 
     def build_trainer(self, config, tokenizer, model, train_rows, eval_rows, accelerator):
-        from training_wizard.trainers.classification import SequenceClassificationTrainer
+        from training_wizard.trainers.supervised.classification import SequenceClassificationTrainer
 
         return SequenceClassificationTrainer(config=config, tokenizer=tokenizer, model=model, train_rows=train_rows,
                                              eval_rows=eval_rows, accelerator=accelerator)

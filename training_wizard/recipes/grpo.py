@@ -10,7 +10,7 @@ from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.trl.configs import GRPOConfig
-from training_wizard.trainers.grpo import GRPOTrainer
+from training_wizard.trainers.algorithms.grpo import GRPOTrainer
 
 
 class GRPORecipe(OnPolicyRecipe):

@@ -27,8 +27,8 @@ from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
-from training_wizard.trainers.batch_plan import BatchPlan
-from training_wizard.trainers.config import OnPolicyConfig
+from training_wizard.trainers.config.batch_plan import BatchPlan
+from training_wizard.trainers.config.on_policy import OnPolicyConfig
 
 
 class OnPolicyRecipe(Recipe):
@@ -159,7 +159,7 @@ class OnPolicyRecipe(Recipe):
         generation backend (vLLM installed, a launch it runs under); with an [environment], one environment built
         and reset on the first row of `train_rows` it serves, its tools and a reward (rollout/episode_start.py);
         warnings about likely mistakes."""
-        from training_wizard.trainers.setup import check_generation_can_start
+        from training_wizard.trainers.loop.setup import check_generation_can_start
 
         super().check_can_start(config, accelerator, console)
         check_generation_can_start(accelerator, config)

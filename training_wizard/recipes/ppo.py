@@ -12,7 +12,7 @@ from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.rollout.asynchronous import with_async
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.trl.configs import PPOConfig
-from training_wizard.trainers.ppo import PPOTrainer
+from training_wizard.trainers.algorithms.ppo import PPOTrainer
 
 
 class PPORecipe(OnPolicyRecipe):

@@ -2,7 +2,7 @@
 "training_wizard.recipes.reward_model.RewardModelRecipe").
 
 The lifecycle is `SupervisedRecipe.main` (recipes/supervised.py); this file names the `[training]` options
-(RewardConfig), encodes the pairs (trainers/reward_model.py) and builds the `RewardModelTrainer`. Its `model/` is
+(RewardConfig), encodes the pairs (trainers/supervised/reward_model.py) and builds the `RewardModelTrainer`. Its `model/` is
 an AutoModelForSequenceClassification with one output and its tokenizer: a `[reward]` ModelRewardSpec's
 `pretrained_name` as it is, and the start of PPO's value model.
 """
@@ -13,7 +13,7 @@ from pydantic import Field
 from rich.console import Console
 
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.supervised_config import RewardConfig
+from training_wizard.trainers.supervised.config import RewardConfig
 
 
 class RewardModelRecipe(SupervisedRecipe):
@@ -26,7 +26,7 @@ class RewardModelRecipe(SupervisedRecipe):
     )
 
     def encode(self, rows, tokenizer, config: RewardConfig, label: str, console: Console) -> list:
-        from training_wizard.trainers.reward_model import encode_pairs, identical_pairs
+        from training_wizard.trainers.supervised.reward_model import encode_pairs, identical_pairs
 
         where = self.row_names(label)
         pairs, too_long = encode_pairs(rows, tokenizer, config, label, where)
@@ -51,7 +51,7 @@ class RewardModelRecipe(SupervisedRecipe):
         """A classifier folder as it is, or a causal LM's weights with a new scalar head (as PPO's value model
         starts; specs/value_model.py); `[model] lora` trains an adapter and the head."""
         from training_wizard.specs.value_model import load_value_model
-        from training_wizard.trainers.setup import disable_dropout
+        from training_wizard.trainers.loop.setup import disable_dropout
 
         model = load_value_model(self.model, config.dtype, tokenizer)
         if config.disable_dropout:
@@ -59,7 +59,7 @@ class RewardModelRecipe(SupervisedRecipe):
         return model
 
     def build_trainer(self, config, tokenizer, model, train_rows, eval_rows, accelerator):
-        from training_wizard.trainers.reward_model import RewardModelTrainer
+        from training_wizard.trainers.supervised.reward_model import RewardModelTrainer
 
         return RewardModelTrainer(config=config, tokenizer=tokenizer, model=model, train_rows=train_rows,
                                   eval_rows=eval_rows, accelerator=accelerator)

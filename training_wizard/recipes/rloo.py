@@ -10,7 +10,7 @@ from pydantic import Field
 
 from training_wizard.recipes.on_policy import OnPolicyRecipe
 from training_wizard.trl.configs import RLOORecipeConfig
-from training_wizard.trainers.rloo import RLOOTrainer
+from training_wizard.trainers.algorithms.rloo import RLOOTrainer
 
 
 class RLOORecipe(OnPolicyRecipe):

@@ -1,7 +1,7 @@
 """The SFT recipe: `recipe_class = "sft"` (or "training_wizard.recipes.sft.SFTRecipe").
 
 The lifecycle is `SupervisedRecipe.main` (recipes/supervised.py, on recipes/base.py's run lifecycle); this file
-names the `[training]` options (SFTConfig), encodes the rows (trainers/sft.py) and builds the `SFTTrainer`.
+names the `[training]` options (SFTConfig), encodes the rows (trainers/supervised/sft.py) and builds the `SFTTrainer`.
 Its `model/` is a causal LM folder (a LoRA adapter unless merge_lora) that a later recipe's `[model]` loads as is.
 """
 
@@ -11,7 +11,7 @@ from pydantic import Field
 from rich.console import Console
 
 from training_wizard.recipes.supervised import SupervisedRecipe
-from training_wizard.trainers.supervised_config import SFTConfig
+from training_wizard.trainers.supervised.config import SFTConfig
 
 
 class SFTRecipe(SupervisedRecipe):
@@ -27,7 +27,7 @@ class SFTRecipe(SupervisedRecipe):
         return tokenizer
 
     def encode(self, rows, tokenizer, config: SFTConfig, label: str, console: Console) -> list:
-        from training_wizard.trainers.sft import encode_sft_rows, pack_examples
+        from training_wizard.trainers.supervised.sft import encode_sft_rows, pack_examples
 
         examples, dropped = encode_sft_rows(rows, tokenizer, config, label, self.row_names(label))
         if dropped:
@@ -53,7 +53,7 @@ class SFTRecipe(SupervisedRecipe):
         return self.model.apply_lora(self.model.load_causal_lm(config.dtype, tokenizer))
 
     def build_trainer(self, config, tokenizer, model, train_rows, eval_rows, accelerator):
-        from training_wizard.trainers.sft import SFTTrainer
+        from training_wizard.trainers.supervised.sft import SFTTrainer
 
         return SFTTrainer(config=config, tokenizer=tokenizer, model=model, train_rows=train_rows,
                           eval_rows=eval_rows, accelerator=accelerator)

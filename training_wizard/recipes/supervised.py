@@ -16,7 +16,7 @@ from rich.table import Table
 from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.model import TransformerSpec
-from training_wizard.trainers.supervised_config import SupervisedConfig
+from training_wizard.trainers.supervised.config import SupervisedConfig
 
 
 class SupervisedRecipe(Recipe):

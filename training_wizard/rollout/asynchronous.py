@@ -197,7 +197,7 @@ def refreshed_for_current_weights(collector: RolloutCollector, batch: Trajectory
     and `sampling_logprobs` the behaviour policy's: the sampler's where it gave its own (vLLM), else the
     training forward pass's at sampling time. Without a reference pass the reference stays the policy (KL 0).
     Without `policy_pass` (one epoch of one mini-batch: the update's own forward pass is the proximal policy's,
-    trainers/update.py) `logprobs` stay the behaviour policy's, which the KL penalty then reads."""
+    trainers/loop/update.py) `logprobs` stay the behaviour policy's, which the KL penalty then reads."""
     started = time.perf_counter()
     logprobs, extras, timings = batch.logprobs, {}, dict(batch.timings)
     if policy_pass or collector.extra_passes:

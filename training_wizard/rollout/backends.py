@@ -1,4 +1,4 @@
-"""Generation backends: one interface, two implementations, chosen once at set-up (`trainers/setup.py`).
+"""Generation backends: one interface, two implementations, chosen once at set-up (`trainers/loop/setup.py`).
 
 A backend turns left-padded prompts and one sampling key per row into tokens and the sampling logprob of each
 token (`Generated`). The built-in decode loop (rollout/generation.py) samples with the policy module itself;

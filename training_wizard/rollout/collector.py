@@ -1,4 +1,4 @@
-"""The rollout collector: steps 2-5 of an iteration (numbered in `trainers/base.py`) for a batch of prompt rows.
+"""The rollout collector: steps 2-5 of an iteration (numbered in `trainers/loop/on_policy.py`) for a batch of prompt rows.
 
   2. sample completions with the policy                      rollout/backends.py (decode loop or vLLM)
   3. truncate at the stop token and mask what follows         core/masking.py
@@ -52,8 +52,8 @@ class SamplingSettings:
     score_without_stop: float | None = None  # PPO's non_eos_penalty: such a completion's score is replaced by this
     gather_weights_for_generation: bool = True  # ds3_gather_for_generation
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
-    share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/setup.py decides)
-    head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/setup.py decides)
+    share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/loop/setup.py decides)
+    head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/loop/setup.py decides)
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
     reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)

@@ -39,7 +39,7 @@ class OffPolicyRule:
     """How the update treats batches that may have been sampled by older weights than they train: always
     corrected by the importance weights, whatever vllm_importance_sampling_correction says, and with a single
     update pass against that pass's own logprobs (the batch's were not recomputed). `report`: the update returns
-    those corrections' metrics (trainers/update.py)."""
+    those corrections' metrics (trainers/loop/update.py)."""
 
     report: bool
 

@@ -124,7 +124,7 @@ def response_token_logprobs(
     or `response_logits`, then `logprobs_and_entropy`. With `from_hidden_states`, and a model whose output layer
     is plain (`plain_output_head`), the forward pass stops at the final hidden states and `head_logprobs` applies
     the output layer a chunk at a time, so no (B, T, V) logits are ever held. Callers pass False for both flags
-    where the model is sharded or compiled (trainers/setup.py): a sharded output layer holds its weight only
+    where the model is sharded or compiled (trainers/loop/setup.py): a sharded output layer holds its weight only
     inside the model's forward, and the number of passes must not depend on the data.
     """
     head = plain_output_head(model) if from_hidden_states else None

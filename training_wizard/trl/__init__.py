@@ -2,7 +2,7 @@
 never import it.
 
 - trl/trainers.py: `GRPOTrainer` and `RLOOTrainer` with TRL's constructors (and the older arguments), building
-  the native trainers of trainers/grpo.py and trainers/rloo.py (trl/arguments.py translates the arguments);
+  the native trainers of trainers/algorithms/grpo.py and trainers/algorithms/rloo.py (trl/arguments.py translates the arguments);
 - trl/configs.py: the public `GRPOConfig`, `RLOOConfig`, `PPOConfig` (and the RLOO recipe's), which read TRL's
   keys through trl/keys.py's table; recipes use them for their [training] tables;
 - trl/callbacks.py, trl/results.py: transformers' callbacks and the Trainer methods scripts call after train();

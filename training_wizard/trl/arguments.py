@@ -2,7 +2,7 @@
 args=..., train_dataset=...)` as TRL's documentation writes it builds the same trainer as the older
 `GRPOTrainer(config=..., tokenizer=..., policy=..., reward_model=..., train_dataset=...)`: the facades
 (trl/trainers.py) call `trainer_arguments` first and the native trainer's keyword-only constructor
-(trainers/group_trainer.py) with what it returns (docs/porting_from_trl.md).
+(trainers/algorithms/group.py) with what it returns (docs/porting_from_trl.md).
 
 TRL's arguments and what they become:
 - `model`: a folder or cached Hub id, loaded as the `[model]` table loads one (TransformerSpec, safetensors, never
@@ -36,8 +36,8 @@ from pydantic import ValidationError
 from training_wizard.errors import UserError
 from training_wizard.spec import describe_error, error_key, shown
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
-from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.group_trainer import training_rows
+from training_wizard.trainers.config.on_policy import OnPolicyConfig
+from training_wizard.trainers.algorithms.group import training_rows
 
 # The older constructor's name for each TRL argument it shares a meaning with.
 _SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "policy", "reward_funcs": "reward_model"}

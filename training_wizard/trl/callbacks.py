@@ -15,7 +15,7 @@ A callback gets the events TRL's trainers raise where the loop has a matching po
 `control.should_training_stop` set by a callback ends training after the current iteration; the other `control`
 flags are not read (logging, evaluation and checkpoints follow logging_steps, eval_steps and save_steps).
 
-The `TrainerState` is the trainer's own `state` (trainers/run_state.py), kept up to date with or without
+The `TrainerState` is the trainer's own `state` (trainers/loop/run_state.py), kept up to date with or without
 callbacks, so a script reads `trainer.state.global_step` and `trainer.state.log_history` after `train()` as it
 does with TRL's trainers; `train()` returns transformers' TrainOutput (trl/results.py).
 """
@@ -87,7 +87,7 @@ class CallbackMetrics:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.logger.log(metrics, step)
         self.runner.sync(self.trainer)
-        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/group_trainer.py)
+        wall_clock = getattr(self.trainer, "wall_clock_logs", None)  # TRL's step_time (trainers/algorithms/group.py)
         logs = {**metrics, **(wall_clock(metrics) if wall_clock else {}), "epoch": self.runner.state.epoch}
         self.runner.state.log_history.append({**logs, "step": self.runner.state.global_step})
         self.runner.event("on_log", self.trainer, logs=logs)
@@ -140,7 +140,7 @@ class TRLTrainerMethods(TRLResults):
         try:
             super().train(resume_from_checkpoint)
         except StopFromCallback:
-            pass  # the loop's own clean-up ran (trainers/base.py: train's finally)
+            pass  # the loop's own clean-up ran (trainers/loop/on_policy.py: train's finally)
         runner.event("on_train_end", self)
         # transformers logs these before on_train_end; after it here, so callbacks see only the iterations' logs
         return self.train_output(self.trl_loss_sum, self.trl_loss_steps)

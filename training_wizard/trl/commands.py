@@ -190,7 +190,7 @@ class SavedDatasetSpec(DataSourceSpec):
 
 def run_supervised(command: str, argv: list[str]) -> None:
     """Parse `argv` as TRL's sft or reward script does, then run the equivalent recipe."""
-    from training_wizard.trainers.supervised_config import RewardConfig, SFTConfig
+    from training_wizard.trainers.supervised.config import RewardConfig, SFTConfig
     from training_wizard.spec import recipe_directory
 
     config_class = {"sft": SFTConfig, "reward": RewardConfig}[command]

@@ -1,4 +1,4 @@
-"""The public on-policy configs: the native ones (trainers/config.py) that also read TRL 1.x's keys (trl/keys.py).
+"""The public on-policy configs: the native ones (trainers/config/on_policy.py) that also read TRL 1.x's keys (trl/keys.py).
 
 `training_wizard.GRPOConfig` and the others are these classes, and the recipes' [training] tables use them, so
 `GRPOConfig(max_completion_length=..., report_to="none", save_strategy="no")` and the same keys in a TOML recipe
@@ -7,7 +7,7 @@ are read as TRL's; the native trainers take either kind.
 
 from __future__ import annotations
 
-from training_wizard.trainers import config as native
+from training_wizard.trainers.config import on_policy as native
 from training_wizard.trl.keys import TRLKeys
 
 

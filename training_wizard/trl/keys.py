@@ -19,7 +19,7 @@ from typing import Any, Callable
 from pydantic import Field, field_serializer, model_validator
 
 from training_wizard.spec import KeyValueError, shown
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.run import RunConfig
 
 
 class TRLKeyError(KeyValueError):

@@ -4,7 +4,7 @@
 
 Files these write into output_dir (run files): `{split}_results.json` (train_results.json, eval_results.json, ...),
 `all_results.json`, `trainer_state.json`, and with push_to_hub the saved model (config, weights, tokenizer),
-uploaded as a recipe's final model is (trainers/hub.py).
+uploaded as a recipe's final model is (trainers/config/hub.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training_wizard.trainers import hub
+from training_wizard.trainers.config import hub
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

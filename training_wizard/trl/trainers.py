@@ -3,7 +3,7 @@
 Each takes TRL's arguments (`model=`, `reward_funcs=`, `args=`, `processing_class=`, `callbacks=`,
 `peft_config=`, ...) or the native trainer's older ones (`config=`, `tokenizer=`, `policy=`, `reward_model=`,
 `ref_policy=`, `accelerator=`, and the rollout sources), translates them (trl/arguments.py) and builds the native
-trainer (trainers/grpo.py, trainers/rloo.py) through its one keyword-only constructor. It is that trainer with
+trainer (trainers/algorithms/grpo.py, trainers/algorithms/rloo.py) through its one keyword-only constructor. It is that trainer with
 the methods of TRL's trainers that scripts call (trl/callbacks.py, trl/results.py).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from accelerate import Accelerator
 
 from training_wizard.rollout.asynchronous import with_async
-from training_wizard.trainers import grpo, ppo, rloo
+from training_wizard.trainers.algorithms import grpo, ppo, rloo
 from training_wizard.trl.arguments import trainer_arguments
 from training_wizard.trl.callbacks import TRLTrainerMethods
 from training_wizard.trl.configs import GRPOConfig, RLOOConfig
@@ -47,7 +47,7 @@ class TRLTrainer(TRLTrainerMethods):
 
 
 class GRPOTrainer(TRLTrainer, grpo.GRPOTrainer):
-    """GRPO (trainers/grpo.py) built from TRL's arguments or the older ones.
+    """GRPO (trainers/algorithms/grpo.py) built from TRL's arguments or the older ones.
 
     TRL 1.16's arguments: `GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), train_dataset=...,
     eval_dataset=..., processing_class=..., reward_processing_classes=..., callbacks=..., peft_config=...,
@@ -65,12 +65,12 @@ class GRPOTrainer(TRLTrainer, grpo.GRPOTrainer):
                  environment_factory=None, *, config: GRPOConfig | None = None, tokenizer=None, policy=None,
                  reward_model=None, ref_policy=None, accelerator: Accelerator | None = None, **sources):
         """TRL's arguments or the older ones (not the same one both ways); `sources`: `generation_backend`,
-        `rollout_source` and `episode_settings`, as for every trainer (trainers/base.py)."""
+        `rollout_source` and `episode_settings`, as for every trainer (trainers/loop/on_policy.py)."""
         self.build_from(GRPOConfig, "GRPO", locals())
 
 
 class RLOOTrainer(TRLTrainer, rloo.RLOOTrainer):
-    """RLOO (trainers/rloo.py) built from TRL's arguments or the older ones.
+    """RLOO (trainers/algorithms/rloo.py) built from TRL's arguments or the older ones.
 
     TRL 1.16's arguments: `RLOOTrainer(model=..., reward_funcs=..., args=RLOOConfig(...), train_dataset=...,
     eval_dataset=..., processing_class=..., reward_processing_classes=..., callbacks=..., peft_config=...)`, then
@@ -88,12 +88,12 @@ class RLOOTrainer(TRLTrainer, rloo.RLOOTrainer):
                  accelerator: Accelerator | None = None, **sources):
         """TRL's arguments or the older ones (not the same one both ways); `sources`: `generation_backend`,
         `rollout_source`, and `environment_factory`, `tools` and `episode_settings` for episodes, as for every
-        trainer (trainers/base.py)."""
+        trainer (trainers/loop/on_policy.py)."""
         self.build_from(RLOOConfig, "RLOO", locals())
 
 
 class PPOTrainer(ppo.PPOTrainer):
-    """PPO (trainers/ppo.py) as `training_wizard` exports it: the native constructor (`config=`, `tokenizer=`,
+    """PPO (trainers/algorithms/ppo.py) as `training_wizard` exports it: the native constructor (`config=`, `tokenizer=`,
     `policy=`, `reward_model=`, `train_dataset=`, `ref_policy=`, `value_model=`, `eval_dataset=`, `accelerator=`,
     and the rollout sources), with the async_rollouts schedule as GRPO's and RLOO's."""
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import Field, PositiveInt
 
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.run import RunConfig
 
 
 class PresentationOptions(RunConfig):
-    """Mixed into OnPolicyConfig (trainers/config.py)."""
+    """Mixed into OnPolicyConfig (trainers/config/on_policy.py)."""
 
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra variables for the chat template, passed to every rendering of a conversation "

@@ -1,4 +1,4 @@
-"""The asynchronous-rollout options of the on-policy configs (trainers/config.py), in TRL's async names and
+"""The asynchronous-rollout options of the on-policy configs (trainers/config/on_policy.py), in TRL's async names and
 units where TRL has them. docs/async.md explains the schedule, the bound and the correction."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from training_wizard.core.importance_sampling import ImportanceSamplingMode
 from training_wizard.spec import KeyValueError, shown
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.run import RunConfig
 
 # The keys that only the asynchronous schedule reads: set to anything but their default without async_rollouts they
 # would change nothing, which is refused rather than ignored. TRL 1.16's GRPOConfig and RLOOConfig have none of them

@@ -1,4 +1,4 @@
-"""The on-policy option that stops a run whose environment keeps failing (trainers/environment_failures.py).
+"""The on-policy option that stops a run whose environment keeps failing (trainers/loop/environment_failures.py).
 
 No peer has such a bound: RLlib restarts failed environment runners (`restart_failed_env_runners`) or ignores them
 (`ignore_env_runner_failures`), and TRL, veRL and OpenRLHF train on whatever the episodes returned.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt
 
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.run import RunConfig
 
 
 class EnvironmentFailureOptions(RunConfig):

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on the supervised loop (trainers/supervised.py): rows in TRL's SFT formats become token
+"""Supervised fine-tuning on the supervised loop (trainers/supervised/loop.py): rows in TRL's SFT formats become token
 ids with a loss mask, optionally packed, and the loss is next-token cross-entropy on the masked-in tokens.
 
 Row formats (as TRL's SFTTrainer reads them):
@@ -24,8 +24,8 @@ from training_wizard.core.supervised import token_loss_sums
 from training_wizard.errors import UserError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs, chat_ids
 from training_wizard.specs.dataset import check_roles
-from training_wizard.trainers.supervised_config import SFTConfig
-from training_wizard.trainers.supervised import SupervisedTrainer
+from training_wizard.trainers.supervised.config import SFTConfig
+from training_wizard.trainers.supervised.loop import SupervisedTrainer
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """GRPOTrainer: Group Relative Policy Optimization on the shared on-policy loop (TRL's GRPO trainer; DeepSeekMath,
 Shao et al. 2024; the variants of DAPO, Dr. GRPO, GSPO and CISPO through `loss_type` and its neighbours).
 
-What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
+What GRPO adds to the loop in trainers/loop/on_policy.py (math in core/grpo.py):
 - step 6, `shape_rewards`: group advantages (reward minus the group mean, scaled by `scale_rewards`), one per
   completion; the KL to the reference is no reward term here but a loss term (`beta`);
 - step 7, `micro_batch_loss`: the clipped per-token loss aggregated by `loss_type` (`grpo_loss`); the
@@ -9,7 +9,7 @@ What GRPO adds to the loop in trainers/base.py (math in core/grpo.py):
   (`optimizer_step_totals`) and passed to each of its micro-batches, so gradient accumulation and several
   processes give the whole step's gradient;
 - TRL's GRPO metric names beside the shared ones: `clip_ratio/*_mean`, `cispo_clip_ratio`, `entropy` and `kl`
-  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/iteration_metrics.py).
+  from the loss pass; the rest (`reward`, `completions/*`, ...) as for RLOO (trainers/loop/iteration_metrics.py).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from training_wizard.core.grpo import (
     GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.trainers.config import GRPOConfig
-from training_wizard.trainers.group_trainer import GroupTrainer
-from training_wizard.trainers.iteration_metrics import TRLRewardInputs
-from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
+from training_wizard.trainers.config.on_policy import GRPOConfig
+from training_wizard.trainers.algorithms.group import GroupTrainer
+from training_wizard.trainers.loop.iteration_metrics import TRLRewardInputs
+from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward
 
 
 class GRPOTrainer(GroupTrainer):
     """num_generations completions per prompt; each one's advantage is its reward minus its group's mean.
 
     `GRPOTrainer(config=GRPOConfig(...), tokenizer=..., policy=..., reward_model=..., train_dataset=...,
-    ref_policy=..., eval_dataset=...)` (trainers/group_trainer.py; TRL's constructor arguments: trl/trainers.py).
+    ref_policy=..., eval_dataset=...)` (trainers/algorithms/group.py; TRL's constructor arguments: trl/trainers.py).
     With beta = 0 (the default) no reference is used and `ref_policy` is ignored; with beta > 0 and no
     `ref_policy`, a LoRA policy's base (adapter disabled) or a frozen copy of the starting policy is the reference.
     """

@@ -1,5 +1,5 @@
 """A run whose environment keeps failing stops instead of training on failed episodes (max_environment_failures,
-trainers/environment_config.py).
+trainers/config/environment_keys.py).
 
 An episode failed when its environment raised EnvironmentFailure at reset or at a step (an OpenEnv server that
 stopped answering, a dropped connection): the environment ended it there with an error counted. Such an episode

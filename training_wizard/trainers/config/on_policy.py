@@ -1,5 +1,5 @@
 """Training configs (RLOOConfig, PPOConfig, GRPOConfig); their batch sizes are derived in one place,
-trainers/batch_plan.py, which holds the batch glossary.
+trainers/config/batch_plan.py, which holds the batch glossary.
 
 Names and defaults follow TRL's RLOO trainer docs (PPOv2 era); the newer TRL names are accepted as
 aliases (`num_generations` for `rloo_k`, `beta` for `kl_coef`, ...). See docs/configuration.md.
@@ -13,22 +13,22 @@ from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Po
                       model_validator)
 
 from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns
-from training_wizard.trainers.async_config import AsyncRolloutOptions
-from training_wizard.trainers.environment_config import EnvironmentFailureOptions
-from training_wizard.trainers.hub import HubArguments
-from training_wizard.trainers.presentation_config import PresentationOptions
-from training_wizard.trainers.batch_plan import (
+from training_wizard.trainers.config.async_keys import AsyncRolloutOptions
+from training_wizard.trainers.config.environment_keys import EnvironmentFailureOptions
+from training_wizard.trainers.config.hub import HubArguments
+from training_wizard.trainers.config.presentation import PresentationOptions
+from training_wizard.trainers.config.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
-from training_wizard.trainers.config_checks import check_sampling_settings, start_warnings
-from training_wizard.trainers.run_config import (DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION,
+from training_wizard.trainers.config.checks import check_sampling_settings, start_warnings
+from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRIPTION, SEED_DESCRIPTION,
                                                  SEED_RANGE, RunConfig, aliases)
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
-    # -- batch sizes (the glossary: trainers/batch_plan.py) -----------------------------------------------------
+    # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------
     per_device_train_batch_size: PositiveInt = Field(8, description="Completions per forward/backward pass.")
     num_mini_batches: PositiveInt = Field(
         1, description="Optimizer steps per PPO epoch over one rollout batch. steps_per_generation or "

@@ -10,17 +10,17 @@ from training_wizard.core.advantages import (
 from training_wizard.core.grpo import group_advantages
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.trainers.config import RLOOConfig
-from training_wizard.trainers.group_trainer import GroupTrainer
-from training_wizard.trainers.iteration_metrics import TRLRewardInputs
-from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
+from training_wizard.trainers.config.on_policy import RLOOConfig
+from training_wizard.trainers.algorithms.group import GroupTrainer
+from training_wizard.trainers.loop.iteration_metrics import TRLRewardInputs
+from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward
 
 
 class RLOOTrainer(GroupTrainer):
     """k completions per prompt; each completion's baseline is the mean reward of the other k - 1.
 
     `RLOOTrainer(config=RLOOConfig(...), tokenizer=..., policy=..., ref_policy=..., reward_model=...,
-    train_dataset=..., eval_dataset=...)` (trainers/group_trainer.py; TRL's constructor arguments:
+    train_dataset=..., eval_dataset=...)` (trainers/algorithms/group.py; TRL's constructor arguments:
     trl/trainers.py). Without `ref_policy`, a LoRA policy uses itself with the adapter disabled as the reference,
     and a full policy a frozen copy of its starting weights.
     """

@@ -1,4 +1,4 @@
-"""Combinations of on-policy settings (trainers/config.py) that are refused while a config validates, or said once
+"""Combinations of on-policy settings (trainers/config/on_policy.py) that are refused while a config validates, or said once
 at the start as likely not what was meant. Each reads only the config it is given."""
 
 from __future__ import annotations

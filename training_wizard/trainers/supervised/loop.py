@@ -8,8 +8,8 @@ One iteration (one optimizer step):
   4. clip, check loss and gradient are finite, optimizer and schedule step
   5. log metrics, evaluate on the held-out rows, checkpoint
 
-It shares the on-policy loop's run state (trainers/base.py `RunState`: counters, data position, RNG streams),
-optimizer construction (trainers/setup.py), checkpoints (checkpoint.py), stop signals (signals.py) and metric
+It shares the on-policy loop's run state (trainers/loop/on_policy.py `RunState`: counters, data position, RNG streams),
+optimizer construction (trainers/loop/setup.py), checkpoints (checkpoint.py), stop signals (signals.py) and metric
 sinks (tracking/). A subclass turns its rows into tensors and gives sums: `loss` (with gradient) and the sums of
 its metrics, all divided by the step's weight (SFT: completion tokens; reward model: pairs).
 """
@@ -29,10 +29,10 @@ from training_wizard.lifecycle import RunLifecycle
 from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.tracking import MetricsLogger, ProgressDisplay
-from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.supervised_config import SupervisedConfig
-from training_wizard.trainers.setup import build_optimizer, configure_deepspeed, enable_activation_checkpointing
-from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
+from training_wizard.trainers.loop.run_state import RunState
+from training_wizard.trainers.supervised.config import SupervisedConfig
+from training_wizard.trainers.loop.setup import build_optimizer, configure_deepspeed, enable_activation_checkpointing
+from training_wizard.trainers.loop.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 
 
 class SupervisedTrainer:
@@ -167,7 +167,7 @@ class SupervisedTrainer:
         return [mine[start : start + plan.micro_batch_size] for start in range(0, local, plan.micro_batch_size)]
 
     def _optimizer_step(self, bad_loss: torch.Tensor) -> float:
-        """4. Clip, check the loss and the gradient norm are finite on every process, then step (trainers/step.py);
+        """4. Clip, check the loss and the gradient norm are finite on every process, then step (trainers/loop/step.py);
         returns the gradient norm before clipping, for the grad_norm metric."""
         outcome = self.optimizer_step(
             bad_loss.reshape(1), ("loss", "gradient"),

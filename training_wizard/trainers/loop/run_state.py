@@ -30,7 +30,7 @@ class RunState(TrainerState):
         self.skipped_batches = 0  # mini-batches whose optimizer step the non-finite guard skipped
         self.prompt_order = PromptOrder(num_rows=num_rows, seed=seed)
         self.update_generator = torch.Generator().manual_seed(seed + 1)
-        # episodes whose environment failed (trainers/environment_failures.py), and the iterations in a row in which
+        # episodes whose environment failed (trainers/loop/environment_failures.py), and the iterations in a row in which
         # more of them failed than max_environment_failures allows
         self.failed_episodes = 0
         self.failed_iterations_in_a_row = 0

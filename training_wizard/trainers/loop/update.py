@@ -27,7 +27,7 @@ from training_wizard.rollout.scoring import response_token_logprobs
 from training_wizard.sharding import engine_kind
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
-from training_wizard.trainers.iteration_metrics import sampling_metrics
+from training_wizard.trainers.loop.iteration_metrics import sampling_metrics
 
 
 @dataclass
@@ -81,7 +81,7 @@ class OffPolicyPass:
 
 
 class UpdateLoop:
-    """The update loop of `OnPolicyTrainer` (trainers/base.py), which provides what it reads: `config`, `plan`,
+    """The update loop of `OnPolicyTrainer` (trainers/loop/on_policy.py), which provides what it reads: `config`, `plan`,
     `state`, `accelerator`, `collectives`, `trained_models`, `optimizer_step`, `deepspeed_guard`, `policy_forward` and
     the algorithm's hooks `micro_batch_loss` and `optimizer_step_totals`."""
 
@@ -225,7 +225,7 @@ class UpdateLoop:
 
     def _optimizer_step(self, flags: torch.Tensor, where: str) -> None:
         """Clip, check logits/loss/gradient are finite (agreed over processes), then step or skip the step
-        (trainers/step.py)."""
+        (trainers/loop/step.py)."""
         outcome = self.optimizer_step(flags, guards.MINI_BATCH_TENSORS,
                                       lambda name: guards.nonfinite_error(name, self.state.iteration, where))
         self.last_grad_norm = outcome.grad_norm

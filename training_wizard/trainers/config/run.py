@@ -1,6 +1,6 @@
 """The options every trainer shares (RunConfig): the run's folder and seed, AdamW, logging, checkpoints.
 
-The on-policy configs (trainers/config.py) and the supervised ones (trainers/supervised_config.py) extend it.
+The on-policy configs (trainers/config/on_policy.py) and the supervised ones (trainers/supervised/config.py) extend it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Set-up of every model a run uses, before the first iteration: the trained models (the policy, plus PPO's value
 model) with their optimizer and schedule, the reference, and the reward.
 
-Kept apart from the loop (trainers/base.py) because it runs once and its decisions are about wiring, not about the
+Kept apart from the loop (trainers/loop/on_policy.py) because it runs once and its decisions are about wiring, not about the
 algorithm: which reference (a frozen copy, or the LoRA policy with its adapter disabled), dropout off everywhere
 (the N+ implementation details: logprobs must not change between passes), activation checkpointing, one AdamW
 over every trained model, and accelerate/DeepSpeed/FSDP preparation.
@@ -21,8 +21,8 @@ from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, wait_for_each_zero3_gather,
 )
 from training_wizard.specs.reward import CallableRewardSpec, RewardSpec
-from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.on_policy import OnPolicyConfig
+from training_wizard.trainers.config.run import RunConfig
 
 
 @dataclass

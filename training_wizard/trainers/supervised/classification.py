@@ -1,4 +1,4 @@
-"""Sequence classification on the supervised loop (trainers/supervised.py): text rows with an integer label,
+"""Sequence classification on the supervised loop (trainers/supervised/loop.py): text rows with an integer label,
 a classifier with num_labels outputs, cross-entropy (or binary cross-entropy) averaged over the step's rows."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 
 from training_wizard.core.supervised import classification_loss_sums
 from training_wizard.errors import UserError
-from training_wizard.trainers.supervised_config import SequenceClassificationConfig
-from training_wizard.trainers.supervised import SupervisedTrainer
+from training_wizard.trainers.supervised.config import SequenceClassificationConfig
+from training_wizard.trainers.supervised.loop import SupervisedTrainer
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""What GRPO and RLOO share beyond the loop in trainers/base.py: one keyword-only constructor, which prepares the
+"""What GRPO and RLOO share beyond the loop in trainers/loop/on_policy.py: one keyword-only constructor, which prepares the
 prompt rows (TRL's environment modes, the rows' checks) and the tokenizer's chat template variables, the inputs
-of TRL's reward metrics (computed in trainers/iteration_metrics.py), TRL's names of evaluation's metrics, and the
+of TRL's reward metrics (computed in trainers/loop/iteration_metrics.py), TRL's names of evaluation's metrics, and the
 counters train()'s TrainOutput reads (trl/callbacks.py)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from training_wizard.rollout.episode_start import environment_rows
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.prompt_rows import check_prompt_rows
-from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.iteration_metrics import TRLRewardInputs
+from training_wizard.trainers.loop.on_policy import OnPolicyTrainer
+from training_wizard.trainers.config.on_policy import OnPolicyConfig
+from training_wizard.trainers.loop.iteration_metrics import TRLRewardInputs
 
 
 class GroupTrainer(OnPolicyTrainer):
@@ -33,7 +33,7 @@ class GroupTrainer(OnPolicyTrainer):
         """`reward_model`: a sequence classifier sharing the policy's tokenizer, a RewardSpec, a callable
         `fn(prompts, completions, **columns) -> list[float]`, or None when an environment scores the episodes;
         `sources`: `generation_backend`, `rollout_source`, and `environment_factory`, `tools` and
-        `episode_settings` for episodes, as for every trainer (trainers/base.py)."""
+        `episode_settings` for episodes, as for every trainer (trainers/loop/on_policy.py)."""
         train_dataset = training_rows(config, train_dataset, eval_dataset, sources.get("environment_factory"))
         bind_chat_template_kwargs(tokenizer, config.chat_template_kwargs)
         super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,

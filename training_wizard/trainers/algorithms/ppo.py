@@ -1,7 +1,7 @@
 """PPOTrainer: PPO with a value model on the shared on-policy loop (TRL's PPOv2; "The N+ Implementation Details of
 RLHF with PPO", Huang et al. 2024).
 
-What PPO adds to the loop in trainers/base.py:
+What PPO adds to the loop in trainers/loop/on_policy.py:
 - the value model, trained beside the policy with the same optimizer (`additional_trained_models`);
 - its values of every response token, computed during the rollout (`extra_rollout_passes`);
 - per-token KL rewards, GAE advantages (whitened) and returns (`shape_rewards`, math in core/ppo.py);
@@ -22,9 +22,9 @@ from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.rollout.value import value_logits
 from training_wizard.sharding import unwrap_model
-from training_wizard.trainers.base import OnPolicyTrainer
-from training_wizard.trainers.update import MicroBatchLoss, PolicyForward
-from training_wizard.trainers.config import PPOConfig
+from training_wizard.trainers.loop.on_policy import OnPolicyTrainer
+from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward
+from training_wizard.trainers.config.on_policy import PPOConfig
 
 
 class PPOTrainer(OnPolicyTrainer):
@@ -44,7 +44,7 @@ class PPOTrainer(OnPolicyTrainer):
 
     def __init__(self, config: PPOConfig, tokenizer, policy, reward_model, train_dataset, ref_policy=None,
                  value_model: torch.nn.Module | None = None, eval_dataset=None, accelerator=None, **sources):
-        """`sources`: `generation_backend` and `rollout_source`, as for every trainer (trainers/base.py)."""
+        """`sources`: `generation_backend` and `rollout_source`, as for every trainer (trainers/loop/on_policy.py)."""
         from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
         from training_wizard.specs.prompt_rows import check_trainer_datasets
 

@@ -1,4 +1,4 @@
-"""Reward-model training on the supervised loop (trainers/supervised.py): preference pairs become two token
+"""Reward-model training on the supervised loop (trainers/supervised/loop.py): preference pairs become two token
 sequences each, a sequence classifier with one output scores both, and the loss is Bradley-Terry's.
 
 Pair formats (as TRL's RewardTrainer reads them), each with an optional numeric `margin` column:
@@ -20,9 +20,9 @@ from training_wizard.core.supervised import bradley_terry_loss
 from training_wizard.errors import UserError
 from training_wizard.specs.chat_rendering import chat_ids
 from training_wizard.specs.dataset import check_roles
-from training_wizard.trainers.supervised_config import RewardConfig
-from training_wizard.trainers.sft import RowName
-from training_wizard.trainers.supervised import SupervisedTrainer
+from training_wizard.trainers.supervised.config import RewardConfig
+from training_wizard.trainers.supervised.sft import RowName
+from training_wizard.trainers.supervised.loop import SupervisedTrainer
 
 
 @dataclass

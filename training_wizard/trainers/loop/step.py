@@ -1,5 +1,5 @@
-"""The parts of a training step every loop shares (the on-policy update of trainers/update.py and the supervised
-loop of trainers/supervised.py): the accumulation check, the optimizer step with its clip, finite guard and
+"""The parts of a training step every loop shares (the on-policy update of trainers/loop/update.py and the supervised
+loop of trainers/supervised/loop.py): the accumulation check, the optimizer step with its clip, finite guard and
 skip mode, and the stop with a checkpoint.
 
 Written once so the loops cannot drift apart: a fix to the guard, to DeepSpeed's overflow handling or to the
@@ -58,7 +58,7 @@ class OptimizerStep:
 
     `flags` (bool tensor) and `names` say which tensors of the step were non-finite, in the order the error names
     the first one; the gradient's flag is appended as the last name. Under DeepSpeed the engine steps inside its
-    backward (`deepspeed_guard`, trainers/setup.py): its own overflow check is what says the step was skipped.
+    backward (`deepspeed_guard`, trainers/loop/setup.py): its own overflow check is what says the step was skipped.
     """
 
     def __init__(self, accelerator, collectives, optimizer, parameters: Callable[[], list[torch.nn.Parameter]],

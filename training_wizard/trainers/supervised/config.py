@@ -9,13 +9,13 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from training_wizard.trainers.run_config import RunConfig, aliases
+from training_wizard.trainers.config.run import RunConfig, aliases
 
 # Supervised stages: SFT and reward models (TRL's SFTConfig and RewardConfig names)
 
 
 class SupervisedConfig(RunConfig):
-    """Options of the supervised loop (trainers/supervised.py). One iteration is one optimizer step over
+    """Options of the supervised loop (trainers/supervised/loop.py). One iteration is one optimizer step over
     `per_device_train_batch_size x gradient_accumulation_steps x processes` examples of a shared seeded order,
     epoch after epoch."""
 

@@ -34,7 +34,7 @@ from training_wizard.spec import key_path
 
 
 class BatchSettings(Protocol):
-    """What the derivation reads from a config (trainers/config.py's OnPolicyConfig)."""
+    """What the derivation reads from a config (trainers/config/on_policy.py's OnPolicyConfig)."""
 
     per_device_train_batch_size: int
     gradient_accumulation_steps: int

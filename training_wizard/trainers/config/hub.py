@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from training_wizard.errors import UserError
-from training_wizard.trainers.run_config import RunConfig
+from training_wizard.trainers.config.run import RunConfig
 
 UPLOAD_SKIPPED = ("checkpoints/*", "_*", ".*")  # resumable state stays local, as transformers leaves checkpoint-*
 

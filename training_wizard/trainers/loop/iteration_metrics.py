@@ -14,7 +14,7 @@ TRL's GRPOTrainer and RLOOTrainer log `reward`, `reward_std`, `frac_reward_zero_
 `/std`, `kl`, `entropy`, `num_tokens`, `step_time`, `completions/*_length`, `completions/clipped_ratio` and
 `clip_ratio/*`; transformers' Trainer adds `loss`, `grad_norm` and `learning_rate`. Where we compute the same
 quantity it is logged under TRL's name with TRL's definition; `step_time`, a wall-clock figure, reaches
-`state.log_history` only (trainers/group_trainer.py: `wall_clock_logs`). A completion no reward scored (every reward
+`state.log_history` only (trainers/algorithms/group.py: `wall_clock_logs`). A completion no reward scored (every reward
 function in TRL's form returned None) is left out of `objective/scores`, `reward` and `reward_std`, as TRL's nanmean
 and nanstd leave its NaN out; an iteration in which every row was scored keeps the plain means.
 
@@ -34,7 +34,7 @@ import torch
 from training_wizard.core.importance_sampling import ImportanceWeights
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.specs.reward import RewardSpec
-from training_wizard.trainers.environment_failures import failed_episodes
+from training_wizard.trainers.loop.environment_failures import failed_episodes
 
 # TRL's name -> ours, for values the update or the shared metrics already hold under our name
 SAME_VALUES = {"loss": "loss/policy_avg", "learning_rate": "lr", "entropy": "policy/entropy_avg"}

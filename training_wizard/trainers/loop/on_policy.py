@@ -5,15 +5,15 @@ One iteration:
   2-5. sample, truncate, logprobs (policy, reference), score   the loop's source's `take` (rollout/iteration_source.py,
                                                               rollout/collector.py): a TrajectoryBatch
   6. shape rewards with KL and compute advantages             subclass: `shape_rewards` (math in core/)
-  7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/update.py), subclass `micro_batch_loss`
+  7. update: epochs x mini-batches x gradient accumulation    `_update` (trainers/loop/update.py), subclass `micro_batch_loss`
   8. log metrics and samples, evaluate, checkpoint            `_record_iteration`; the metrics:
-                                                              trainers/iteration_metrics.py
+                                                              trainers/loop/iteration_metrics.py
 
 Reliability (RELIABILITY.md): a stop signal is honoured at two safe points per iteration (before the update, with
 the iteration's starting state; after the iteration), agreed across processes; numerical guards (guards.py) check
 the rollout and every mini-batch; a checkpoint restores the run exactly (weights, optimizer, scheduler, RunState).
 Every cross-process collective goes through `self.collectives` (collectives.py). The models, optimizer and
-schedule are set up once by trainers/setup.py; the update loop of step 7 is in trainers/update.py.
+schedule are set up once by trainers/loop/setup.py; the update loop of step 7 is in trainers/loop/update.py.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from training_wizard.specs.environment import EnvironmentReward
 from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.tracking import MetricsLogger, ProgressDisplay, PromptLog, SampleTable
-from training_wizard.trainers.config import OnPolicyConfig
-from training_wizard.trainers.environment_failures import stop_on_environment_failures
-from training_wizard.trainers.iteration_metrics import IterationMetrics, TRLRewardInputs, record_samples
-from training_wizard.trainers.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
-from training_wizard.trainers.setup import generation_backend as choose_generation_backend
-from training_wizard.trainers.run_state import RunState
-from training_wizard.trainers.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
-from training_wizard.trainers.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
+from training_wizard.trainers.config.on_policy import OnPolicyConfig
+from training_wizard.trainers.loop.environment_failures import stop_on_environment_failures
+from training_wizard.trainers.loop.iteration_metrics import IterationMetrics, TRLRewardInputs, record_samples
+from training_wizard.trainers.loop.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
+from training_wizard.trainers.loop.setup import generation_backend as choose_generation_backend
+from training_wizard.trainers.loop.run_state import RunState
+from training_wizard.trainers.loop.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
+from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
 
 
 class OnPolicyTrainer(UpdateLoop):
@@ -112,7 +112,7 @@ class OnPolicyTrainer(UpdateLoop):
         longest = longest_prompt(self.train_prompts, self.eval_prompts)
         self.generation = generation_backend or choose_generation_backend(
             self.accelerator, config, self.unwrapped_policy, longest, self.collectives)
-        # decided once: "auto" becomes True or False here (trainers/setup.py)
+        # decided once: "auto" becomes True or False here (trainers/loop/setup.py)
         self.logprobs_from_sampling = resolve_logprobs_from_sampling(config, self.accelerator, self.unwrapped_policy)
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
@@ -182,7 +182,7 @@ class OnPolicyTrainer(UpdateLoop):
 
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None,
                       additional_models: dict[str, torch.nn.Module]) -> None:
-        """trainers/setup.py prepares every model; its record becomes the trainer's public attributes."""
+        """trainers/loop/setup.py prepares every model; its record becomes the trainer's public attributes."""
         models = prepare_models(self.accelerator, self.config, self.plan.num_iterations,
                                 {"model": policy, **additional_models}, ref_policy, self.reward)
         self.trained_models, self.update_forward = models.trained, models.update_forward
@@ -308,7 +308,7 @@ class OnPolicyTrainer(UpdateLoop):
         """Stop here (checkpoint of the iteration's starting state) if any process got a signal; returns whether
         to skip the update. Stop and guard flags are agreed in one all-reduce. A non-finite rollout (logprobs,
         reference logprobs, scores, advantages) stops the run, or skips the whole update in skip mode. Failed
-        episodes past max_environment_failures stop it too (trainers/environment_failures.py)."""
+        episodes past max_environment_failures stop it too (trainers/loop/environment_failures.py)."""
         flags = guards.rollout_flags(rollout, shaped.advantages)
         stop_now, *bad = self.collectives.any_true(stop.requested, *flags.tolist())
         if stop_now:
@@ -332,7 +332,7 @@ class OnPolicyTrainer(UpdateLoop):
 
     # ---------------------------------------------------------------------------------------------- metrics
     def trl_reward_inputs(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> TRLRewardInputs | None:
-        """The algorithm's inputs to TRL's reward metrics (trainers/iteration_metrics.py); None: the trainer logs no
+        """The algorithm's inputs to TRL's reward metrics (trainers/loop/iteration_metrics.py); None: the trainer logs no
         TRL names (PPO)."""
         return None
 

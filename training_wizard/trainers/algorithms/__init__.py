@@ -1,0 +1,1 @@
+"""One file per algorithm on the shared loop: RLOO, PPO, GRPO."""

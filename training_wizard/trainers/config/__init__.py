@@ -1,0 +1,1 @@
+"""Configs of the on-policy trainers: options, batch plan, key checks."""

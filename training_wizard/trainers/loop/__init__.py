@@ -1,0 +1,1 @@
+"""The on-policy loop: iteration, update, optimizer step, run state, metrics."""

@@ -1,0 +1,1 @@
+"""The supervised loop and its trainers: SFT, reward models, sequence classification."""
