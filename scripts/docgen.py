@@ -48,6 +48,10 @@ def _sections() -> list[tuple[str, str, list[type]]]:
                  if issubclass(obj, base) and obj.__module__ == module.__name__]
         return sorted(found, key=lambda cls: (cls is not base, cls.__name__))
 
+    def python_api_only_excluded(classes: list[type]) -> list[type]:
+        # RewardObjectsSpec holds callables, which no recipe file can name: it is the Python API's alone
+        return [cls for cls in classes if cls is not reward_functions.RewardObjectsSpec]
+
     return [
         ("Recipe (top level)", "The keys outside any table, plus the tables below. `recipe_class = \"rloo\"`, "
          "`\"ppo\"` or `\"grpo\"`; the PPO recipe adds `[value_model]`.", [RLOORecipe, PPORecipe, GRPORecipe]),
@@ -68,7 +72,7 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         ("[environment]", "Episodes of several turns (docs/environments.md); their limits are the `[training]` "
          "keys `max_turns` and `environment_timeout`.", [environment.EnvironmentSpec]),
         ("[reward]", "A `[reward]` table with `reward_funcs` and no `spec_class` is a `RewardFunctionsSpec` (TRL's "
-         "form).", [*subclasses(reward, reward.RewardSpec), *subclasses(reward_functions, reward.RewardSpec),
+         "form).", [*subclasses(reward, reward.RewardSpec), *python_api_only_excluded(subclasses(reward_functions, reward.RewardSpec)),
                    *subclasses(verifiable, reward.RewardSpec), *subclasses(remote_reward, reward.RewardSpec),
                    *subclasses(text_metrics, reward.RewardSpec), reasoning_gym.ReasoningGymRewardSpec]),
     ]
