@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import write_episode_recipe
 from tests.unit.test_episodes import STOPS
 from training_wizard.errors import UserError
-from training_wizard.rollout.environment_contracts import checked_step
+from training_wizard.rollout.environments import checked_step
 
 
 class Game:

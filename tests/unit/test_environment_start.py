@@ -1,4 +1,4 @@
-"""The check a run makes before it loads a model (rollout/episode_start.py, OnPolicyRecipe.check_can_start):
+"""The check a run makes before it loads a model (rollout/environment_check.py, OnPolicyRecipe.check_can_start):
 factories given as a functools.partial, the environment it builds closed again, every process stopping on an error
 any process found, and `training-wizard eval` taking the prompt-less rows training takes."""
 
@@ -12,8 +12,8 @@ import pytest
 from tests.helpers import write_episode_recipe
 from tests.unit.test_environment_contracts import write_eval_recipe
 from training_wizard.errors import UserError
-from training_wizard.rollout.environment_contracts import new_environment
-from training_wizard.rollout.episode_start import check_episodes_can_start
+from training_wizard.rollout.environments import new_environment
+from training_wizard.rollout.environment_check import check_episodes_can_start
 from training_wizard.specs.episode import EpisodeSettings
 
 HERE = "tests.unit.test_environment_start"

@@ -27,7 +27,7 @@ from openenv.core import Action, Environment, Observation, State, create_app  # 
 from training_wizard.envs import openenv as adapter  # noqa: E402
 from training_wizard.envs.openenv import OpenEnvEnvironment, observation_text, text_field  # noqa: E402
 from training_wizard.errors import UserError  # noqa: E402
-from training_wizard.rollout.environment_protocols import EnvironmentFailure  # noqa: E402
+from training_wizard.rollout.environments import EnvironmentFailure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ["fault", "apple", "river", "candle"]  # the word a seed picks; "fault" breaks the environment's step

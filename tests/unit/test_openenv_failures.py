@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tests.helpers import write_episode_recipe
 from training_wizard import GRPOConfig, GRPOTrainer
 from training_wizard.errors import UserError
-from training_wizard.rollout.environment_protocols import EnvironmentFailure
+from training_wizard.rollout.environments import EnvironmentFailure
 from training_wizard.specs.episode import EpisodeSettings
 from training_wizard.testing import build_causal_lm
 from training_wizard.tracking.metrics import read_metrics

@@ -13,7 +13,7 @@ from tests.unit import test_tool_episodes as tool_episodes
 from tests.unit.test_tool_episodes import Calculator, call, make, rows_of, tool_part
 from training_wizard.errors import UserError
 from training_wizard.rollout.chat_turns import TurnRenderer
-from training_wizard.rollout.episode_start import EMPTY_PROMPT, environment_rows
+from training_wizard.rollout.environments import EMPTY_PROMPT, environment_rows
 from training_wizard.rollout.tools import ToolCall, call_tool
 from training_wizard.rollout.trajectory import StopReason
 from training_wizard.specs.reward_functions import RewardFunctionsSpec

@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from training_wizard.envs.openenv_url import checked_url, http_url, reach_server
 from training_wizard.errors import UserError
-from training_wizard.rollout.environment_protocols import EnvironmentFailure
+from training_wizard.rollout.environments import EnvironmentFailure
 from training_wizard.specs.reward import resolve_function
 
 KEY = "environment.factory_kwargs"

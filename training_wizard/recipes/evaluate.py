@@ -111,7 +111,7 @@ class EvaluateRecipe(Recipe):
         console = Console()
         rows = self.prompts.load("prompts")
         if self.environment is not None:  # rows without a prompt: the environment's reset supplies it, as in training
-            from training_wizard.rollout.episode_start import environment_rows
+            from training_wizard.rollout.environments import environment_rows
 
             rows = environment_rows(rows, self.environment.load(), len(rows))
         validate_prompts(rows, "prompts")
@@ -121,7 +121,7 @@ class EvaluateRecipe(Recipe):
         judged = f"judge {type(self.judge).__name__}" if self.judge is not None else "no judge"
         console.print(f"{len(rows)} prompts; {judged}; metrics: {', '.join(self.metrics) or 'none'}")
         if self.environment is not None:  # built and reset on its first row, as training's start does
-            from training_wizard.rollout.episode_start import check_episodes_can_start
+            from training_wizard.rollout.environment_check import check_episodes_can_start
 
             check_episodes_can_start(self.environment.load(), self.environment.settings(), True, rows)
         if dry_run:

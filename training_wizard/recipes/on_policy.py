@@ -157,7 +157,7 @@ class OnPolicyRecipe(Recipe):
     def check_can_start(self, config, accelerator, console: Console, train_rows=None) -> None:
         """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the
         generation backend (vLLM installed, a launch it runs under); with an [environment], one environment built
-        and reset on the first row of `train_rows` it serves, its tools and a reward (rollout/episode_start.py);
+        and reset on the first row of `train_rows` it serves, its tools and a reward (rollout/environment_check.py);
         warnings about likely mistakes."""
         from training_wizard.trainers.loop.setup import check_generation_can_start
 
@@ -176,7 +176,7 @@ class OnPolicyRecipe(Recipe):
         and an OpenEnv server may answer one process and not another); then all of them stop with the first error
         any process found, so no process loads models and waits alone in a collective for one that has left."""
         from training_wizard.collectives import Collectives
-        from training_wizard.rollout.episode_start import check_episodes_can_start
+        from training_wizard.rollout.environment_check import check_episodes_can_start
 
         error = None
         try:
@@ -211,13 +211,13 @@ class OnPolicyRecipe(Recipe):
             return self._load_prompts(self.dataset, "dataset", tokenizer, console)
         from datasets import Dataset
 
-        from training_wizard.rollout.episode_start import environment_rows
+        from training_wizard.rollout.environments import environment_rows
 
         count = config.batch_plan(num_processes).prompts_per_iteration
         return Dataset.from_list(environment_rows(None, self.environment.load(), count))
 
     def _load_prompts(self, spec: DataSourceSpec, label: str, tokenizer, console: Console):
-        from training_wizard.rollout.episode_start import environment_rows
+        from training_wizard.rollout.environments import environment_rows
         from training_wizard.specs.dataset import filter_long_prompts, validate_prompts
 
         dataset = spec.load(label)

@@ -7,33 +7,27 @@
 - "text" (skyrl-gym's and OpenEnv's shape): `reset(**row) -> str | None`; `step(reply) -> (observation, reward,
   done)`; the observation comes back as a user message, the step rewards are summed.
 
-A protocol turns a reply into `Job`s (calls to run, each within environment_timeout, concurrently) and their
+The text protocol is here; the tools protocol (`ToolsProtocol`) lives with tool calling (tools.py). A protocol
+turns a reply into `Job`s (calls to run, each within environment_timeout, concurrently) and their
 results into an `Answer`: the messages to splice in, a reward, a stop reason, and the call counts the tools/*
 metrics read. Neither a job's exception nor its timeout ends the run: each becomes an error message to the model.
 What a job returns against its contract (a step's shape, a reward that is not a finite number) is the user's bug
-and stops the run in one line (environment_contracts.py).
+and stops the run in one line (environments.py).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from training_wizard.errors import UserError
-from training_wizard.rollout.environment_contracts import (
-    checked_reward, checked_step, method_name, raised, refuse_duplicate_tools,
-)
-from training_wizard.rollout.tools import (
-    ParsedReply, ToolCall, awaited_value, call_tool, environment_tools, error_text, tool_schema,
-)
+from training_wizard.rollout.environments import checked_step
 from training_wizard.rollout.trajectory import StopReason
-from training_wizard.specs.episode import EpisodeSettings
 
 
-class EnvironmentFailure(Exception):
-    """What an environment raises from reset or step when its episode cannot go on: the server it talks to died,
-    answered garbage or ran past the environment's own timeout. The episode ends there (text protocol), counted in
-    `episodes/environment_errors_mean`; the run goes on. Any other exception is a message to the model instead."""
+def error_text(message: str) -> str:
+    """What a failed call returns to the model: a JSON object with its error."""
+    return json.dumps({"error": message})
 
 
 @dataclass(frozen=True)
@@ -104,66 +98,3 @@ class TextProtocol:
 
     def final_reward(self, environment: Any, row: int = -1) -> float:
         return 0.0
-
-
-class ToolsProtocol:
-    """Tool calls each turn until a reply calls none, or max_tool_calling_iterations rounds have run."""
-
-    name = "tools"
-
-    def __init__(self, functions: list[Callable], max_rounds: int | None):
-        refuse_duplicate_tools([(function.__name__, function) for function in functions])
-        self.functions = {function.__name__: function for function in functions}
-        self.function_schemas = [tool_schema(function) for function in functions]
-        self.max_rounds = max_rounds
-
-    def tools_of(self, environment: Any) -> tuple[dict[str, Callable], list[dict] | None]:
-        """The tools an episode may call (its environment's methods, then the plain functions) and their
-        schemas for the chat template."""
-        methods = environment_tools(environment) if environment is not None else {}
-        refuse_duplicate_tools([*methods.items(), *self.functions.items()])
-        schemas = [tool_schema(method) for method in methods.values()] + self.function_schemas
-        return {**methods, **self.functions}, schemas or None
-
-    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse, row: int = -1) -> Turn | Answer:
-        parsed: ParsedReply = parse(reply)
-        if not parsed.attempted:
-            return Answer(stop=StopReason.STOP_TOKEN)  # no call: this reply is the model's answer
-        if self.max_rounds is not None and replies > self.max_rounds:
-            return Answer(stop=StopReason.TOOL_BUDGET)  # its calls are not run, nor counted
-
-        def answer(results: list[JobResult]) -> Answer:
-            messages, failures = [], 0
-            for call, found in zip(parsed.calls, results):
-                text, failed = (error_text(found.error), True) if found.error is not None else found.value
-                failures += failed
-                messages.append({"role": "tool", "name": call.name, "content": text})
-            for _ in range(parsed.malformed):
-                messages.append({"role": "tool", "name": "error", "content": error_text(
-                    "a tool call could not be read: expected <tool_call> JSON with name and arguments </tool_call>")})
-            return Answer(messages, calls=len(parsed.calls), failures=failures, malformed=parsed.malformed)
-        return Turn([_bound(tools, call) for call in parsed.calls], answer)
-
-    def final_reward(self, environment: Any, row: int = -1) -> float:
-        """The finished episode's `get_reward()` (0 without one); its exception or a value that is not a finite
-        number is the environment's bug: one line naming the method and the row."""
-        scorer = getattr(environment, "get_reward", None)
-        if scorer is None:
-            return 0.0
-        where = f"environment: dataset row {row}: {method_name(environment, 'get_reward')}"
-        try:
-            value = awaited_value(scorer())
-        except Exception as error:  # noqa: BLE001 - the environment's own scorer: a bug the run cannot go on with
-            raise UserError(f"{where} raised {raised(error)}") from None
-        return checked_reward(where, value)
-
-
-def episode_protocol(settings: EpisodeSettings) -> TextProtocol | ToolsProtocol:
-    """The protocol `settings` names, under its limit: replies per episode (text) or rounds of tool calls (tools)."""
-    if settings.protocol == "tools":
-        return ToolsProtocol(list(settings.tools), settings.max_tool_calling_iterations)
-    return TextProtocol(settings.max_turns)
-
-
-def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:
-    return lambda: call_tool(tools, call)

@@ -1,8 +1,8 @@
 """Episodes of several turns: the model replies, the environment (or its tools) answers, until the episode ends.
 
-Two protocols (rollout/environment_protocols.py): "tools", TRL's `environment_factory` contract (an
-environment's public methods, and plain functions, are tools the model calls in the Hermes form), and "text"
-(`step(reply) -> (observation, reward, done)`). An environment is made fresh for every episode by its factory; a
+Two protocols: "tools" (rollout/tools.py), TRL's `environment_factory` contract (an environment's public methods,
+and plain functions, are tools the model calls in the Hermes form), and "text" (rollout/environment_protocols.py:
+`step(reply) -> (observation, reward, done)`). An environment is made fresh for every episode by its factory; a
 mapping of factories routes each row by its `environment` column.
 
 `EpisodeSource` is a rollout source (rollout/collector.py): it samples each turn with the trainer's generation
@@ -30,14 +30,14 @@ from training_wizard.rollout.chat_turns import TurnRenderer
 from training_wizard.rollout.collector import (
     EpisodeScoring, RolloutCollector, Sampled, SamplingSettings,
 )
-from training_wizard.rollout.environment_protocols import Answer, EnvironmentFailure, JobResult, Turn, episode_protocol
-from training_wizard.rollout.episode_start import (
-    check_reward_source, factory_name, factory_table, gives_reward, new_environment_for, reset_columns,
-    reset_environment,
+from training_wizard.rollout.environment_protocols import Answer, JobResult, TextProtocol, Turn
+from training_wizard.rollout.environments import (
+    EnvironmentFailure, check_reward_source, factory_name, factory_table, gives_reward, new_environment_for,
+    reset_columns, reset_environment,
 )
 from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts, RolloutRequest, left_pad, prompt_text, row_seed
-from training_wizard.rollout.tools import reply_parser, typed_arguments, without_calls
+from training_wizard.rollout.tools import ToolsProtocol, reply_parser, typed_arguments, without_calls
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.signals import stop_requested
 from training_wizard.specs.episode import EpisodeSettings
@@ -99,6 +99,13 @@ def use_episode_chat_template(tokenizer, chat_template: str | None) -> None:
     one place it is set, for a recipe's start check and for the trainer and the eval recipe."""
     if chat_template is not None:
         tokenizer.chat_template = load_chat_template(chat_template)
+
+
+def episode_protocol(settings: EpisodeSettings) -> TextProtocol | ToolsProtocol:
+    """The protocol `settings` names, under its limit: replies per episode (text) or rounds of tool calls (tools)."""
+    if settings.protocol == "tools":
+        return ToolsProtocol(list(settings.tools), settings.max_tool_calling_iterations)
+    return TextProtocol(settings.max_turns)
 
 
 def turn_seed(row_seed_value: int, turn: int) -> int:

@@ -11,6 +11,10 @@ template renders as the tool list. A call is read from the reply in the Hermes f
 
 or by the tokenizer's own response parser when it has one (transformers' `response_template`), or by a parser the
 recipe names. Arguments are passed to the function as keywords; the model's text is never evaluated.
+
+`ToolsProtocol` is the tool-calling environment's side of an episode's turn (the protocols and the records they
+answer with: environment_protocols.py): the tools an episode may call, the calls of a reply as jobs, their results
+as tool messages, and the finished episode's `get_reward()`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from training_wizard.errors import UserError
-from training_wizard.rollout.environment_contracts import parsed_calls
+from training_wizard.rollout.environment_protocols import Answer, JobResult, Turn, error_text
+from training_wizard.rollout.environments import checked_reward, method_name, parsed_calls, qualified_name, raised
+from training_wizard.rollout.trajectory import StopReason
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
@@ -146,11 +152,6 @@ def reply_parser(tokenizer, custom: Callable[[str], Any] | None = None) -> Calla
     return parse_hermes
 
 
-def error_text(message: str) -> str:
-    """What a failed call returns to the model: a JSON object with its error."""
-    return json.dumps({"error": message})
-
-
 def call_tool(tools: dict[str, Callable], call: ToolCall) -> tuple[str, bool]:
     """(the tool's result as text, whether the call failed). An unknown tool, arguments the function does not
     take, or an exception inside it give an error text; an async tool is run to its end."""
@@ -226,3 +227,74 @@ def awaited_value(value: Any) -> Any:
 
 async def _awaited(awaitable):
     return await awaitable
+
+
+def refuse_duplicate_tools(named: list[tuple[str, Callable]]) -> None:
+    """Two tools of one name would be shown to the model twice while only one could run: one line naming both."""
+    seen: dict[str, Callable] = {}
+    for name, function in named:
+        if name in seen:
+            raise UserError(f"environment: two tools are named {name!r} ({_tool_name(seen[name])} and "
+                            f"{_tool_name(function)}); the model could call only one of them: rename one")
+        seen[name] = function
+
+
+def _tool_name(function: Callable) -> str:
+    owner = getattr(function, "__self__", None)
+    return method_name(owner, function.__name__) if owner is not None else qualified_name(function)
+
+
+class ToolsProtocol:
+    """Tool calls each turn until a reply calls none, or max_tool_calling_iterations rounds have run."""
+
+    name = "tools"
+
+    def __init__(self, functions: list[Callable], max_rounds: int | None):
+        refuse_duplicate_tools([(function.__name__, function) for function in functions])
+        self.functions = {function.__name__: function for function in functions}
+        self.function_schemas = [tool_schema(function) for function in functions]
+        self.max_rounds = max_rounds
+
+    def tools_of(self, environment: Any) -> tuple[dict[str, Callable], list[dict] | None]:
+        """The tools an episode may call (its environment's methods, then the plain functions) and their
+        schemas for the chat template."""
+        methods = environment_tools(environment) if environment is not None else {}
+        refuse_duplicate_tools([*methods.items(), *self.functions.items()])
+        schemas = [tool_schema(method) for method in methods.values()] + self.function_schemas
+        return {**methods, **self.functions}, schemas or None
+
+    def turn(self, environment: Any, tools: dict, reply: str, replies: int, parse, row: int = -1) -> Turn | Answer:
+        parsed: ParsedReply = parse(reply)
+        if not parsed.attempted:
+            return Answer(stop=StopReason.STOP_TOKEN)  # no call: this reply is the model's answer
+        if self.max_rounds is not None and replies > self.max_rounds:
+            return Answer(stop=StopReason.TOOL_BUDGET)  # its calls are not run, nor counted
+
+        def answer(results: list[JobResult]) -> Answer:
+            messages, failures = [], 0
+            for call, found in zip(parsed.calls, results):
+                text, failed = (error_text(found.error), True) if found.error is not None else found.value
+                failures += failed
+                messages.append({"role": "tool", "name": call.name, "content": text})
+            for _ in range(parsed.malformed):
+                messages.append({"role": "tool", "name": "error", "content": error_text(
+                    "a tool call could not be read: expected <tool_call> JSON with name and arguments </tool_call>")})
+            return Answer(messages, calls=len(parsed.calls), failures=failures, malformed=parsed.malformed)
+        return Turn([_bound(tools, call) for call in parsed.calls], answer)
+
+    def final_reward(self, environment: Any, row: int = -1) -> float:
+        """The finished episode's `get_reward()` (0 without one); its exception or a value that is not a finite
+        number is the environment's bug: one line naming the method and the row."""
+        scorer = getattr(environment, "get_reward", None)
+        if scorer is None:
+            return 0.0
+        where = f"environment: dataset row {row}: {method_name(environment, 'get_reward')}"
+        try:
+            value = awaited_value(scorer())
+        except Exception as error:  # noqa: BLE001 - the environment's own scorer: a bug the run cannot go on with
+            raise UserError(f"{where} raised {raised(error)}") from None
+        return checked_reward(where, value)
+
+
+def _bound(tools: dict[str, Callable], call: ToolCall) -> Callable[[], tuple[str, bool]]:
+    return lambda: call_tool(tools, call)

@@ -12,7 +12,7 @@ from accelerate import Accelerator
 from training_wizard.core.advantages import ShapedRewards
 from training_wizard.core.grpo import group_advantages
 from training_wizard.errors import UserError
-from training_wizard.rollout.episode_start import environment_rows
+from training_wizard.rollout.environments import environment_rows
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.prompt_rows import check_prompt_rows

@@ -1,10 +1,15 @@
-"""The contracts user code keeps with the episode player, checked where each is called.
+"""An environment's life in an episode, and the contracts its code keeps with the episode player.
+
+Every episode starts alike: a fresh environment from its factory (with several factories, the one a row's
+`environment` column names), reset on the row. The check a run makes before it writes anything
+(environment_check.py) starts its environments through the same functions, so what the check passes is what the
+run does.
 
 An environment's constructor, `reset`, `step` and `get_reward`, and a recipe's tool parser are the user's code: a
 broken one is the user's bug, which stops the run in one line naming the class or function, the rule and what it
-returned or raised (a `UserError`, exit code 2). What the model can cause stays an episode's business: a tool that
-raises and a text step that raises are messages to the model (environment_protocols.py), and an
-`EnvironmentFailure` ends one episode.
+returned or raised (a `UserError`, exit code 2), checked here where each is called. What the model can cause stays
+an episode's business: a tool that raises and a text step that raises are messages to the model
+(environment_protocols.py, tools.py), and an `EnvironmentFailure` ends one episode.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import functools
 import inspect
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy
 
@@ -25,6 +30,104 @@ _STEP_SHAPES = {
     5: "gymnasium's (observation, reward, terminated, truncated, info)? return (observation, reward, "
        "terminated or truncated)",
 }
+
+
+class EnvironmentFailure(Exception):
+    """What an environment raises from reset or step when its episode cannot go on: the server it talks to died,
+    answered garbage or ran past the environment's own timeout. The episode ends there (text protocol), counted in
+    `episodes/environment_errors_mean`; the run goes on. Any other exception is a message to the model instead."""
+
+
+def factory_table(environment_factory) -> dict[str, Callable[[], Any]]:
+    """The factories by the name a row's `environment` column gives; "" for the only one; {} for tools only."""
+    if isinstance(environment_factory, dict):
+        return dict(environment_factory)
+    return {"": environment_factory} if environment_factory is not None else {}
+
+
+# The prompt of a row whose environment supplies it (TRL 1.16's placeholder): `reset`'s text is appended to it.
+EMPTY_PROMPT = ({"role": "user", "content": ""},)
+
+
+def environment_rows(rows: Any, environment_factory, count: int) -> Any:
+    """The prompt rows of TRL 1.16's environment modes: no rows at all (one factory's `reset` supplies every
+    prompt: `count` rows with an empty prompt) or rows without a prompt (each routed by its `environment` column,
+    its prompt empty). Other rows, and runs without an environment, as they are."""
+    if environment_factory is None:
+        return rows
+    if rows is None:
+        if isinstance(environment_factory, dict):
+            raise UserError("train_dataset: required with a dict of environment factories (each row's "
+                            "'environment' column names its factory); pass rows such as {'environment': "
+                            f"{next(iter(environment_factory), 'name')!r}}}, or a single factory")
+        return [{"prompt": list(EMPTY_PROMPT)} for _ in range(count)]
+    if hasattr(rows, "column_names") and hasattr(rows, "add_column"):
+        if {"prompt", "input_ids"} & set(rows.column_names):
+            return rows
+        return rows.add_column("prompt", [list(EMPTY_PROMPT)] * len(rows))
+    if isinstance(rows, (list, tuple)):
+        return [{**row, "prompt": list(EMPTY_PROMPT)} if isinstance(row, dict) and not {"prompt", "input_ids"} & set(row)
+                else row for row in rows]
+    return rows
+
+
+def factory_name(factory: Callable) -> str:
+    return getattr(factory, "__name__", type(factory).__name__)
+
+
+def gives_reward(factory: Callable) -> bool:
+    """Whether a tools environment's episodes have a reward of their own (TRL's rule: a `get_reward` method).
+    A factory that is a function may make anything: its component is kept, 0 where an environment has none."""
+    factory = getattr(factory, "__wrapped__", factory)  # a factory bound to keyword arguments (factory_kwargs)
+    return not isinstance(factory, type) or callable(getattr(factory, "get_reward", None))
+
+
+def check_reward_source(factories: Iterable[Callable], protocol: str, has_reward: bool) -> None:
+    """Without a reward of its own (`has_reward`) the run needs an environment that gives one."""
+    if not has_reward and not (protocol == "text" or any(gives_reward(factory) for factory in factories)):
+        raise UserError("reward: none is given and the environment has no get_reward method, so no episode would "
+                        "be scored; add a [reward] table (reward_model=) or a get_reward method")
+
+
+def new_environment_for(factories: dict[str, Callable[[], Any]], columns: dict[str, Any],
+                        row: int) -> tuple[str, Any]:
+    """(the factory's name, a fresh environment) for a row: the only factory, or the one its `environment` column
+    names; ("", None) with tools only."""
+    if not factories:
+        return "", None
+    chosen = "" if "" in factories else columns.get("environment")
+    if chosen not in factories:
+        raise UserError(f"dataset row {row}: column 'environment' is {chosen!r}; expected one of "
+                        f"{', '.join(sorted(factories))} (the environment factories)")
+    factory = factories[chosen]
+    return factory_name(factory), new_environment(factory)
+
+
+def reset_columns(factories: dict[str, Callable[[], Any]], columns: dict[str, Any]) -> dict[str, Any]:
+    """The row's columns `reset` is called with: with several factories the `environment` column only routes the
+    row, so it is left out, as TRL 1.16 leaves it out."""
+    if "" in factories:
+        return columns
+    return {name: value for name, value in columns.items() if name != "environment"}
+
+
+def reset_environment(environment: Any, prompt: Any, columns: dict[str, Any],
+                      row: int) -> tuple[str | None, str | None]:
+    """(the text `reset` returned for the prompt, or None; why it could not reset, or None). An
+    EnvironmentFailure is the episode's (its server is down): the caller decides. Any other exception is the
+    environment's bug: one line naming the method and the row."""
+    if environment is None or not hasattr(environment, "reset"):
+        return None, None
+    try:
+        opening = environment.reset(**{"prompt": prompt, **columns})
+    except EnvironmentFailure as failure:
+        return None, str(failure)
+    except UserError:  # an adapter's own one line (a column its table names is missing, ...)
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's reset: its bug stops the run in one line
+        raise UserError(f"environment: dataset row {row}: {method_name(environment, 'reset')} raised "
+                        f"{raised(error)}") from None
+    return checked_opening(environment, opening, row), None
 
 
 def qualified_name(target: Any) -> str:
@@ -146,18 +249,3 @@ def parsed_calls(parser: Callable[[str], Any], text: str) -> list | None:
         raise UserError(f"{where} must return a list of {{'name', 'arguments'}} (or None for no call); it returned "
                         f"{shown(found)}")
     return list(found)
-
-
-def refuse_duplicate_tools(named: list[tuple[str, Callable]]) -> None:
-    """Two tools of one name would be shown to the model twice while only one could run: one line naming both."""
-    seen: dict[str, Callable] = {}
-    for name, function in named:
-        if name in seen:
-            raise UserError(f"environment: two tools are named {name!r} ({_tool_name(seen[name])} and "
-                            f"{_tool_name(function)}); the model could call only one of them: rename one")
-        seen[name] = function
-
-
-def _tool_name(function: Callable) -> str:
-    owner = getattr(function, "__self__", None)
-    return method_name(owner, function.__name__) if owner is not None else qualified_name(function)
