@@ -42,7 +42,7 @@ checkpoint. Continue any stopped or killed run with resume_from_checkpoint=lates
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="training-wizard",
-        description="Train a Hugging Face causal LM online with RLOO or PPO from one TOML (or JSON) recipe.",
+        description="Train a Hugging Face causal LM online with RLOO, PPO or GRPO from one TOML (or JSON) recipe.",
         epilog=USAGE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,1 +1,2 @@
-"""Rollouts: prompt order, generation, and the no-grad logprob and reward passes. Shared by RLOO and PPO."""
+"""Rollouts: prompt order, generation backends, the trajectory batch and its sources (single replies, episodes with
+environments and tools, the asynchronous schedule). Shared by RLOO, PPO and GRPO."""

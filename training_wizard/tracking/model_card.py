@@ -112,7 +112,7 @@ def _results_section(summary: RunSummary) -> str:
         span = (f"mean of the first and last {summary.window} logged iterations" if summary.window > 1
                 else "first and last logged iteration")
         rows = "\n".join(f"| {name} | {start:.4g} | {end:.4g} |" for name, start, end in summary.metrics)
-        parts.append(f"Training metrics ({span}; names as in TRL's RLOO and PPO trainers):\n\n"
+        parts.append(f"Training metrics ({span}; names as in TRL's RLOO, PPOv2 and GRPO trainers):\n\n"
                      f"| metric | start | end |\n|---|---|---|\n{rows}")
     evaluation = summary.evaluation_line()
     parts.append(evaluation[0].upper() + evaluation[1:] + "." if evaluation else "No evaluation was run.")

@@ -1,4 +1,4 @@
-"""The on-policy training loop shared by RLOO and PPO. Read `OnPolicyTrainer._iteration` first.
+"""The on-policy training loop shared by RLOO, PPO and GRPO. Read `OnPolicyTrainer._iteration` first.
 
 One iteration:
   1. take this process's prompts of the shared order          `iteration_prompts` (rollout/prompts.py)

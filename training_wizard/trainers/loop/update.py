@@ -1,4 +1,4 @@
-"""Step 7 of an iteration: the update loop shared by RLOO and PPO (`UpdateLoop._update`).
+"""Step 7 of an iteration: the update loop shared by RLOO, PPO and GRPO (`UpdateLoop._update`).
 
 num_ppo_epochs passes over the rollout, each in num_mini_batches optimizer steps of gradient_accumulation_steps
 micro-batches. For each micro-batch this loop runs the policy's forward pass (`PolicyForward`), asks the algorithm
