@@ -39,7 +39,6 @@ from training_wizard.rollout.generation import default_stop_token_ids
 from training_wizard.rollout.iteration_source import IterationSource, SourceContext, SourceWrapper
 from training_wizard.rollout.prompts import EncodedPrompts, IterationPrompts, RolloutRequest, longest_prompt, row_seed
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.sharding import unwrap_model
 from training_wizard.signals import StopRequest, fault_point
 from training_wizard.timeouts import StoppedWhileWaiting
 from training_wizard.specs.environment import EnvironmentReward
@@ -200,10 +199,6 @@ class OnPolicyTrainer(UpdateLoop):
             lambda: [p for model in self.trained_models.values() for p in model.parameters()],
             self.config.max_grad_norm, self.config.skip_nonfinite_batches, self.deepspeed_guard, engine=self.policy)
 
-    @property
-    def unwrapped_policy(self) -> torch.nn.Module:
-        return unwrap_model(self.accelerator, self.policy)
-
     def checkpoint_models(self) -> dict[str, torch.nn.Module]:
         """The trained models a checkpoint saves, by folder name (the policy in `model/`)."""
         return self.trained_models
@@ -313,8 +308,8 @@ class OnPolicyTrainer(UpdateLoop):
         stop_now, *bad = self.collectives.any_true(stop.requested, *flags.tolist())
         if stop_now:
             self._stop(stop, start_state)
+        name = guards.first_flagged(guards.ROLLOUT_TENSORS, bad)  # read now, acted on after the environments' check
         stop_on_environment_failures(self, rollout)
-        name = guards.first_flagged(guards.ROLLOUT_TENSORS, bad)
         if name is None:
             return False
         if not self.config.skip_nonfinite_batches:

@@ -24,7 +24,7 @@ from training_wizard.core.importance_sampling import sampling_correction_weights
 from training_wizard.memory import release_free_host_memory
 from training_wizard.rollout.iteration_source import OffPolicyRule
 from training_wizard.rollout.scoring import response_token_logprobs
-from training_wizard.sharding import engine_kind
+from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
 from training_wizard.trainers.loop.iteration_metrics import sampling_metrics
@@ -84,6 +84,12 @@ class UpdateLoop:
     """The update loop of `OnPolicyTrainer` (trainers/loop/on_policy.py), which provides what it reads: `config`, `plan`,
     `state`, `accelerator`, `collectives`, `trained_models`, `optimizer_step`, `deepspeed_guard`, `policy_forward` and
     the algorithm's hooks `micro_batch_loss` and `optimizer_step_totals`."""
+
+    @property
+    def unwrapped_policy(self) -> torch.nn.Module:
+        """The policy without its accelerate/DeepSpeed/FSDP wrapper (the prompt pass of a shared-prompt update, and
+        the trainer's set-up, read it)."""
+        return unwrap_model(self.accelerator, self.policy)
 
     def _update(self, rollout: TrajectoryBatch, shaped: ShapedRewards,
                 off_policy: OffPolicyRule | None = None) -> UpdateResult:
