@@ -157,3 +157,79 @@ def test_single_replies_are_one_turn_worth_the_score(tokenizer, tmp_path):
     rollout = trainer.rollout_source.take(0, trainer.iteration_prompts.next_request).batch
     assert bool((rollout.turn_counts == 1).all()) and torch.equal(rollout.turn_rewards[:, 0], rollout.scores)
     assert torch.equal(rollout.turn_index >= 0, rollout.loss_mask)
+
+
+# -- slow: resume exactness and 1 vs 2 processes, each mode with an algorithm that computes it (.ci/run) ----------
+SLOW_MODES = [pytest.param("rloo", "discounted_return", id="rloo_discounted_return", marks=pytest.mark.slow),
+              pytest.param("grpo", "turn_baseline", id="grpo_turn_baseline", marks=pytest.mark.slow),
+              pytest.param("ppo", "gae", id="ppo_gae", marks=pytest.mark.slow)]
+
+
+def as_algorithm(text: str, algorithm: str) -> str:
+    """A GRPO episode recipe's text (the reliability and distributed tests' "grpo-episodes") as `algorithm`'s."""
+    if algorithm == "grpo":
+        return text
+    text = text.replace('recipe_class = "grpo"', f'recipe_class = "{algorithm}"')
+    group = "rloo_k = 2\n" if algorithm == "rloo" else ""
+    for grpo_only in ("num_generations = 2\n", "epsilon_high = 0.28\n", "mask_truncated_completions = true\n",
+                      'scale_rewards = "batch"\n'):
+        text = text.replace(grpo_only, "")
+    return text.replace("beta = 0.1\n", group + "kl_coef = 0.1\n")
+
+
+@pytest.mark.parametrize("algorithm,mode", SLOW_MODES)
+def test_kill_then_resume_is_exact(tmp_path, tiny_model_dir, algorithm, mode):
+    import signal
+
+    from tests.reliability.reliability_helpers import assert_same_run, make_recipe, read_jsonl, run_cli
+
+    def recipe(name):
+        path = make_recipe(tmp_path, tiny_model_dir, name, extra=f'turn_credit = "{mode}"\n', algorithm="grpo-episodes")
+        path.write_text(as_algorithm(path.read_text(), algorithm))
+        return path
+
+    child = run_cli([recipe("reference")], tmp_path / "logs" / "reference")
+    assert child.code == 0, child.stderr()[-3000:]
+    argv = [recipe("killed"), "resume_from_checkpoint=latest"]
+    for life, point in enumerate(["generation@1", "update@3", "save:latest@6"]):
+        child = run_cli(argv, tmp_path / "logs" / f"life{life}", env={"TRAINING_WIZARD_FAULT_INJECT": point})
+        assert child.code == -signal.SIGKILL, (point, child.code, child.stderr()[-2000:])
+    child = run_cli(argv, tmp_path / "logs" / "last")
+    assert child.code == 0, child.stderr()[-3000:]
+    assert_same_run(tmp_path / "killed", tmp_path / "reference")
+    records = read_jsonl(tmp_path / "reference" / "metrics.jsonl")
+    assert max(len([k for k in r if k.startswith("turns/episode_share_")]) for r in records) >= 2
+
+
+@pytest.mark.parametrize("algorithm,mode", SLOW_MODES)
+def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, mode):
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.smoke.test_distributed import free_port, read_jsonl, write_recipe
+
+    def run(name, processes):
+        recipe = write_recipe(tmp_path, tiny_model_dir, name, processes, algorithm="grpo-episodes")
+        recipe.write_text(as_algorithm(recipe.read_text(), algorithm) + f'turn_credit = "{mode}"\n')
+        env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+        launcher = [] if processes == 1 else [
+            "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines",
+            "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+        child = subprocess.run([sys.executable, *launcher, "-m", "training_wizard", str(recipe)], capture_output=True,
+                               text=True, timeout=300, env=env, cwd=tmp_path)
+        assert child.returncode == 0, child.stderr[-3000:]
+        return load_file(str(tmp_path / name / "model" / "model.safetensors")), read_jsonl(
+            tmp_path / name / "metrics.jsonl")
+
+    (a, m1), (b, m2) = run("single", 1), run("double", 2)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert len(m1) == len(m2) == 3
+    for r1, r2 in zip(m1, m2):
+        turn_keys = sorted(k for k in r1 if k.startswith("turns/"))
+        assert turn_keys and turn_keys == sorted(k for k in r2 if k.startswith("turns/"))
+        for key in ["objective/scores", "loss/policy_avg", "episodes/replies_mean", *turn_keys]:
+            assert r1[key] == pytest.approx(r2[key], abs=1e-5), key
