@@ -144,7 +144,8 @@ def per_token_loss(
     ref_logprobs: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> PerTokenLoss:
-    """Each token's GRPO loss. logprobs (with gradient), old_logprobs, ref_logprobs: (B, T); advantages: (B,).
+    """Each token's GRPO loss. logprobs (with gradient), old_logprobs, ref_logprobs: (B, T); advantages: (B,), or
+    (B, T) under credit per turn.
 
     Clipped losses (grpo, bnpo, dr_grpo, dapo): `core.losses.clipped_ratio_loss`, the one clipped ratio of RLOO and
     PPO too, with `delta` (INTELLECT-2's two-sided clip). cispo (MiniMax-M1): -sg[min(r, epsilon_high)] A log
@@ -153,7 +154,7 @@ def per_token_loss(
     KL(pi || pi_ref) = exp(ref - logp) - (ref - logp) - 1 is added per token times beta (DeepSeekMath eq. 4).
     """
     log_weights = importance_log_weights(logprobs, old_logprobs, mask, options.importance_sampling_level)
-    gain = advantages.unsqueeze(-1)
+    gain = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # per token: credit per turn
     if options.loss_type == "cispo":
         ratio = torch.exp(log_weights)
         capped = torch.clamp(ratio, max=options.upper).detach()

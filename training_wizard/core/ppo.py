@@ -79,6 +79,7 @@ def ppo_shaped_rewards(
     mask: torch.Tensor,
     options: PPOShaping,
     moments: Moments = local_moments,
+    score_rewards: torch.Tensor | None = None,
 ) -> ShapedRewards:
     """Per-token rewards, GAE advantages (whitened) and returns of one rollout (TRL's PPOv2).
 
@@ -86,9 +87,14 @@ def ppo_shaped_rewards(
     -kl_coef * kl_t and the last real token also the score (`core.kl.token_rewards`). With `whiten_rewards` the
     per-token rewards are whitened over the batch's real tokens, mean kept. Advantages are always whitened over
     the real tokens (mean removed); returns are not. `moments` gives the batch statistics (over every process).
+    `score_rewards` (B, T) (turn_credit "gae": each turn's reward at its last model token) replaces the score at
+    the last token; the KL rewards stay.
     """
     kl = kl_per_token(logprobs, ref_logprobs, options.kl_estimator) * mask
-    rewards = token_rewards(scores, kl, mask, options.kl_coef)
+    if score_rewards is None:
+        rewards = token_rewards(scores, kl, mask, options.kl_coef)
+    else:
+        rewards = token_rewards(torch.zeros_like(scores), kl, mask, options.kl_coef) + score_rewards * mask
     non_score_reward = -options.kl_coef * masked_sum(kl, mask)
     if options.whiten_rewards:
         rewards = whiten(rewards, mask, shift_mean=False, moments=moments)

@@ -113,10 +113,11 @@ def turn_end_rewards(
     rewards under "gae", in place of the whole score at the end).
 
     turn_rewards: (B, K) float; turn_last_token: (B, K) long, a position in [0, width) for k < n_i (ignored
-    beyond); turn_counts: (B,) long.
+    beyond; -1, a reply of no token, puts its reward at position 0 so that a row's rewards still sum to its
+    score); turn_counts: (B,) long.
     """
     valid = turn_mask(turn_counts, turn_rewards.shape[-1])
     rewards = torch.where(valid, turn_rewards, torch.zeros_like(turn_rewards))
-    positions = torch.where(valid, turn_last_token, torch.zeros_like(turn_last_token)).to(rewards.device)
+    positions = torch.where(valid, turn_last_token.clamp(min=0), torch.zeros_like(turn_last_token)).to(rewards.device)
     placed = torch.zeros(turn_rewards.shape[0], width, dtype=rewards.dtype, device=rewards.device)
     return placed.scatter_add(1, positions, rewards)

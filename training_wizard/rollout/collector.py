@@ -79,6 +79,7 @@ class Sampled:
     stop_reason: torch.Tensor
     sampling_logprobs: torch.Tensor | None
     seconds: float = 0.0
+    turn_index: torch.Tensor | None = None  # (B, T) long, as TrajectoryBatch.turn_index; None: one reply per row
 
     @property
     def has_stop(self) -> torch.Tensor:
@@ -105,6 +106,7 @@ class EpisodeScoring:
     columns: dict[str, list[Any]]
     rewards: dict[str, list[float]]
     stats: dict[str, list[float]] = field(default_factory=dict)  # TrajectoryBatch.episode_stats
+    turn_rewards: list[list[float]] = field(default_factory=list)  # each row's step reward per reply, one per reply
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ class RolloutCollector:
             episode_stats={name: torch.tensor(values, dtype=torch.float32, device=responses.device)
                            for name, values in (episode.stats if episode is not None else {}).items()},
             logged_columns=logs.columns, logged_metrics=logs.metrics,
+            **turn_credit_fields(sampled, scores, episode),
         )
 
     def _sample(self, engine: RolloutModel, prompt_ids, prompt_mask, seeds) -> Completions:
@@ -353,6 +356,26 @@ class RolloutCollector:
             "templated_prompts": [decode(ids[keep]) for ids, keep in zip(prompt_ids, prompt_mask)],
             "raw_completions": [decode(ids[keep]) for ids, keep in zip(responses, mask)],
         }
+
+
+def turn_credit_fields(sampled: Sampled, scores: torch.Tensor, episode: EpisodeScoring | None
+                       ) -> dict[str, torch.Tensor]:
+    """TrajectoryBatch's turn_index, turn_rewards and turn_counts. One reply per row: one turn worth the score.
+    Episodes: each reply's step reward, the last reply's topped up by what the score holds beside the step rewards
+    (the end-of-episode reward, the reward spec's score, missing_eos_penalty), so a row's turn rewards sum to its
+    score."""
+    device = scores.device
+    if episode is None or sampled.turn_index is None:
+        turn_index = torch.where(sampled.loss_mask, 0, -1).long()
+        counts = torch.ones_like(scores, dtype=torch.long)
+        return {"turn_index": turn_index, "turn_rewards": scores.unsqueeze(-1).clone(), "turn_counts": counts}
+    counts = torch.tensor([max(len(rewards), 1) for rewards in episode.turn_rewards], dtype=torch.long, device=device)
+    rewards = torch.zeros((len(episode.turn_rewards), int(counts.max())), dtype=torch.float32, device=device)
+    for row, steps in enumerate(episode.turn_rewards):
+        rewards[row, : len(steps)] = torch.tensor(steps, dtype=torch.float32, device=device)
+    top_up = scores - rewards.sum(-1)
+    rewards[torch.arange(len(counts), device=device), counts - 1] += top_up
+    return {"turn_index": sampled.turn_index, "turn_rewards": rewards, "turn_counts": counts}
 
 
 def checked_logs(logs: FunctionLogs, completions: int, label: str, step: int) -> FunctionLogs:

@@ -64,6 +64,8 @@ class Episode:
     replies: list[str] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt
     transcript: list[str] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)  # per token: the reply it belongs to, -1 for the environment's
+    step_rewards: list[float] = field(default_factory=list)  # the environment's reward after each stepped reply
     reward: float = 0.0
     stop: StopReason | None = None
     failed: bool = False  # the environment could not reset: the first reply ends the episode, stepped by nothing
@@ -73,6 +75,7 @@ class Episode:
         self.ids += ids
         self.sampled += [logprobs is not None] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.turns += [len(self.replies) if logprobs is not None else -1] * len(ids)
 
 
 STAT_NAMES = ("calls", "failures", "malformed", "errors", "drift", "failed")
@@ -215,6 +218,7 @@ class EpisodePlayer:
         fit the token budget are dropped and the episode ends on the reply that called for them, as TRL 1.16's
         tool loop rolls them back: that reply ended with its stop token, so the row is not truncated."""
         episode.reward += answer.reward
+        episode.step_rewards.append(answer.reward)
         for name in ("calls", "failures", "malformed", "errors", "failed"):
             episode.counts[name] += getattr(answer, name)
         if answer.stop is not None or not answer.messages:
@@ -294,6 +298,9 @@ class EpisodePlayer:
                      "environments": [episode.environment for episode in episodes]},
             rewards=rewards,
             stats={name: [episode.counts[name] for episode in episodes] for name in STAT_NAMES},
+            # a reply the budget cut off was never stepped: its reward is 0 (or the last turn's top-up)
+            turn_rewards=[episode.step_rewards + [0.0] * (len(episode.replies) - len(episode.step_rewards))
+                          for episode in episodes],
         )
 
     def _as_trl_messages(self, episode: Episode) -> list[dict[str, Any]]:
@@ -385,8 +392,10 @@ class EpisodeSource:
         real = torch.zeros((rows, width), dtype=torch.bool)
         loss = torch.zeros((rows, width), dtype=torch.bool)
         logprobs = torch.zeros((rows, width), dtype=torch.float32)
+        turns = torch.full((rows, width), -1, dtype=torch.long)
         for row, episode in enumerate(episodes):
             length = len(episode.ids)
+            turns[row, :length] = torch.tensor(episode.turns, dtype=torch.long)
             ids[row, :length] = torch.tensor(episode.ids, dtype=torch.long)
             real[row, :length] = True
             loss[row, :length] = torch.tensor(episode.sampled, dtype=torch.bool)
@@ -394,7 +403,7 @@ class EpisodeSource:
         stop = torch.tensor([int(episode.stop) for episode in episodes], dtype=torch.long)
         device = collector.accelerator.device
         return Sampled(prompt_ids.to(device), prompt_mask.to(device), ids.to(device), real.to(device),
-                       loss.to(device), stop.to(device), logprobs.to(device), seconds)
+                       loss.to(device), stop.to(device), logprobs.to(device), seconds, turns.to(device))
 
 
 def episode_player(tokenizer, backend, sampling: SamplingSettings, environment_factory, settings: EpisodeSettings,

@@ -65,6 +65,14 @@ class TrajectoryBatch:
     # each value one call (the trainer logs their mean over every process)
     logged_columns: Mapping[str, list[Any]] = field(default_factory=dict)
     logged_metrics: Mapping[str, list[float]] = field(default_factory=dict)
+    # credit per turn (core/turn_credit.py), filled by the collector for episodes and single replies alike (a single
+    # reply is one turn); None only in batches built by hand. turn_index: (B, T) long, the model reply a token
+    # belongs to, -1 outside the replies (the environment's tokens, padding); turn_rewards: (B, K) float32, each
+    # turn's step reward, the last turn topped up so that a row's turn rewards sum to its score; turn_counts: (B,)
+    # long, the replies of each row (K: the most of any row)
+    turn_index: torch.Tensor | None = None
+    turn_rewards: torch.Tensor | None = None
+    turn_counts: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

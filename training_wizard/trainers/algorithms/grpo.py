@@ -14,12 +14,15 @@ What GRPO adds to the loop in trainers/loop/on_policy.py (math in core/grpo.py):
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from training_wizard.core.advantages import ShapedRewards, local_moments, scored_rows
 from training_wizard.core.grpo import (
-    GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
+    STD_EPSILON, GRPOLossOptions, StepTokens, aggregate_loss, grpo_shaped_rewards, high_entropy_mask, per_token_loss,
 )
+from training_wizard.core.turn_shaping import grpo_turn_advantages
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.config.on_policy import GRPOConfig
 from training_wizard.trainers.algorithms.group import GroupTrainer
@@ -50,12 +53,19 @@ class GRPOTrainer(GroupTrainer):
     # -- step 6 ------------------------------------------------------------------------------------------------
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         config = self.config
-        return grpo_shaped_rewards(
+        moments = self.collectives.global_moments(local_moments)
+        shaped = grpo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, rollout.has_stop,
             rollout.group_ids, config.scale_rewards, config.mask_truncated_completions,
-            moments=self.collectives.global_moments(local_moments), drop_constant_groups=config.dynamic_sampling,
+            moments=moments, drop_constant_groups=config.dynamic_sampling,
             scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
+        if config.turn_credit == "episode":
+            return shaped
+        advantages = grpo_turn_advantages(
+            config.turn_credit, rollout.turn_rewards, rollout.turn_counts, rollout.turn_index, rollout.scores,
+            rollout.group_ids, config.turn_gamma, config.scale_rewards, moments, shaped.scored, STD_EPSILON)
+        return dataclasses.replace(shaped, advantages=advantages)
 
     # -- step 7 ------------------------------------------------------------------------------------------------
     def optimizer_step_totals(self, shaped, order: torch.Tensor) -> list[StepTokens]:

@@ -18,6 +18,8 @@ import torch
 from training_wizard.core.advantages import ShapedRewards, local_moments
 from training_wizard.core.losses import clipped_surrogate_token
 from training_wizard.core.ppo import PPOShaping, clipped_value_loss, ppo_shaped_rewards
+from training_wizard.core.turn_credit import turn_end_rewards
+from training_wizard.core.turn_shaping import turn_last_tokens
 from training_wizard.rollout.collector import SamplingSettings
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.rollout.value import value_logits
@@ -78,9 +80,14 @@ class PPOTrainer(OnPolicyTrainer):
         config = self.config
         options = PPOShaping(kl_coef=config.kl_coef, kl_estimator=config.kl_estimator, gamma=config.gamma,
                              lam=config.lam, whiten_rewards=config.whiten_rewards)
+        score_rewards = None
+        if config.turn_credit == "gae":
+            last_tokens = turn_last_tokens(rollout.turn_index, rollout.turn_rewards.shape[1])
+            score_rewards = turn_end_rewards(rollout.turn_rewards, last_tokens, rollout.turn_counts,
+                                             rollout.loss_mask.shape[1])
         return ppo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.extras["values"], rollout.loss_mask,
-            options, moments=self.collectives.global_moments(local_moments),
+            options, moments=self.collectives.global_moments(local_moments), score_rewards=score_rewards,
         )
 
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],

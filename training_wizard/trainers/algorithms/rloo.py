@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from training_wizard.core.advantages import (
@@ -9,6 +11,7 @@ from training_wizard.core.advantages import (
 )
 from training_wizard.core.grpo import group_advantages
 from training_wizard.core.losses import clipped_surrogate_sequence, clipped_surrogate_token
+from training_wizard.core.turn_shaping import rloo_turn_advantages, with_last_turn_added
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.trainers.config.on_policy import RLOOConfig
 from training_wizard.trainers.algorithms.group import GroupTrainer
@@ -36,11 +39,20 @@ class RLOOTrainer(GroupTrainer):
             normalize_advantage=config.normalize_advantage,
             mask_truncated_completions=config.mask_truncated_completions,
         )
-        return rloo_shaped_rewards(
+        moments = self.collectives.global_moments(local_moments)
+        shaped = rloo_shaped_rewards(
             rollout.scores, rollout.logprobs, rollout.ref_logprobs, rollout.loss_mask, options, rollout.group_ids,
-            moments=self.collectives.global_moments(local_moments), has_stop=rollout.has_stop,
+            moments=moments, has_stop=rollout.has_stop,
             scored=scored_rows(rollout.components, rollout.num_rows).to(rollout.scores.device),
         )
+        if config.turn_credit == "episode":
+            return shaped
+        # the KL part of the reward (non-score reward) is the last turn's, beside its share of the score
+        turn_rewards = with_last_turn_added(rollout.turn_rewards, rollout.turn_counts, shaped.non_score_reward)
+        advantages = rloo_turn_advantages(
+            config.turn_credit, turn_rewards, rollout.turn_counts, rollout.turn_index, rollout.group_ids,
+            config.turn_gamma, rollout.loss_mask, config.normalize_advantage, moments, shaped.scored)
+        return dataclasses.replace(shaped, advantages=advantages)
 
     def trl_reward_inputs(self, rollout: TrajectoryBatch, shaped: ShapedRewards) -> TRLRewardInputs:
         """`std_is_zero`: the row's group has equal rewards after the KL penalty, over its scored rows. TRL 1.16's
@@ -60,7 +72,7 @@ def rloo_loss(rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor], fo
     """RLOO's loss of one micro-batch: the clipped ratio of whole completions, or of tokens with token-level KL,
     over the loss mask (narrowed by mask_truncated_completions when set)."""
     correction = forward.correction
-    if config.token_level_kl:
+    if config.token_level_kl or config.turn_credit != "episode":  # per-token advantages: a per-token ratio
         surrogate, weights = clipped_surrogate_token, correction.token if correction is not None else None
     else:
         surrogate, weights = clipped_surrogate_sequence, correction.sequence if correction is not None else None

@@ -17,6 +17,7 @@ from training_wizard.trainers.config.async_keys import AsyncRolloutOptions
 from training_wizard.trainers.config.environment_keys import EnvironmentFailureOptions
 from training_wizard.trainers.config.hub import HubArguments
 from training_wizard.trainers.config.presentation import PresentationOptions
+from training_wizard.trainers.config.turn_keys import TurnCreditOptions
 from training_wizard.trainers.config.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -25,7 +26,8 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
                                                  SEED_RANGE, RunConfig, aliases)
 
 
-class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions):
+class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
+                     TurnCreditOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------
@@ -323,6 +325,7 @@ class PPOConfig(OnPolicyConfig):
     value model, whitened over the batch; a clipped value loss weighted by vf_coef.
     """
 
+    supported_turn_credit: ClassVar[tuple[str, ...]] = ("episode", "gae")
     cliprange_value: PositiveFloat = Field(0.2, description="Clip range of the value update around the old values.")
     vf_coef: NonNegativeFloat = Field(0.1, description="Weight of the value loss in the total loss.")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount factor of GAE.")

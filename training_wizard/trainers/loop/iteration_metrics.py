@@ -118,6 +118,8 @@ def shared_metrics(trainer, rollout: TrajectoryBatch, shaped, update, eps: float
     if rollout.episode_stats:
         metrics.update(episode_metrics(collectives, device, rollout))
         metrics["episodes/failed_total"] = trainer.state.failed_episodes
+        if rollout.turn_counts is not None:
+            metrics.update(turn_metrics(collectives, device, rollout, shaped.advantages))
     metrics.update(trainer.rollout_source.metrics(rollout, trainer.state.iteration))
     metrics.update(update.corrections)  # the update's own correction weights, in place of the batch's above
     return metrics
@@ -181,6 +183,29 @@ def episode_metrics(collectives, device, batch) -> dict[str, float]:
         "tools/episodes_with_call": float(with_call / episodes),
     }
     metrics.update({f"episodes/stopped_by_{name}": float(value / episodes) for name, value in zip(reasons, stopped)})
+    return metrics
+
+
+def turn_metrics(collectives, device, batch, advantages: torch.Tensor) -> dict[str, float]:
+    """Credit per turn in episodes (docs/algorithms.md): `turns/advantage_mean_<k>`, the mean advantage of turn k
+    (its tokens' mean, one per episode) over the episodes that reached it, and `turns/episode_share_<n>`, the
+    share of episodes that lasted n turns; k, n = 1 .. the most turns of any episode on any process."""
+    turns = collectives.max_int(int(batch.turn_counts.max()))
+    numbers = torch.arange(turns, device=batch.turn_counts.device)
+    if advantages.dim() == 1:
+        per_turn = advantages.float().unsqueeze(-1).expand(-1, turns)
+    else:
+        in_turn = (batch.turn_index.unsqueeze(1) == numbers.view(1, -1, 1)).float()  # (B, K, T)
+        per_turn = (advantages.float().unsqueeze(1) * in_turn).sum(-1) / in_turn.sum(-1).clamp(min=1)
+    reached = (numbers.unsqueeze(0) < batch.turn_counts.unsqueeze(-1)).float()
+    lasted = (batch.turn_counts.unsqueeze(-1) == numbers.unsqueeze(0) + 1).float()
+    advantage_sums, reached_counts, lasted_counts = collectives.sum(
+        torch.stack([(per_turn * reached).sum(0), reached.sum(0), lasted.sum(0)]).to(device))
+    episodes = float(reached_counts[0]) if turns else 1.0
+    metrics = {f"turns/advantage_mean_{k + 1}": float(advantage_sums[k] / reached_counts[k].clamp(min=1))
+               for k in range(turns)}
+    metrics.update({f"turns/episode_share_{n + 1}": float(lasted_counts[n]) / max(episodes, 1.0)
+                    for n in range(turns)})
     return metrics
 
 
