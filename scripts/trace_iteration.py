@@ -21,7 +21,7 @@ The cases: "single" is single-turn GRPO (one reply per prompt); "tools" is GRPO 
 `environment_factory` (a class whose public methods are tools and whose get_reward scores the episode): every
 episode makes one tool call, reads its result and answers. Both use only the public API (`from training_wizard
 import GRPOConfig, GRPOTrainer` with TRL's arguments, and training_wizard.testing's tiny tokenizer, model and
-scripted generation backend), a tiny random Qwen2 (hidden 64, 2 layers) on the CPU, and scripted replies, so the
+scripted generation backend; the tools case renders tools with rollout/chat_templates.py's Hermes template), a tiny random Qwen2 (hidden 64, 2 layers) on the CPU, and scripted replies, so the
 run is short and the same every time. The scripted backend lives in training_wizard/testing.py, so its `sample`
 is one of the stops.
 
@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import training_wizard  # noqa: E402
 from training_wizard import GRPOConfig, GRPOTrainer  # noqa: E402
 from training_wizard.testing import build_causal_lm, build_tokenizer, scripted_backend  # noqa: E402
+from training_wizard.rollout.chat_templates import HERMES  # noqa: E402 - the tools case renders tools with it
 
 PACKAGE_DIR = Path(training_wizard.__file__).resolve().parent
 SKIPPED_NAMES = {"<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"}
@@ -57,41 +58,6 @@ THREAD_START = threading.Thread.start.__code__
 CASES = ("single", "tools")
 QUESTIONS = ("What is 6 times 7?", "What is 3 times 5?")
 
-# ChatML with tools in the Hermes form (schemas in the system message, <tool_call> in the reply, results inside
-# <tool_response>): a template that renders tools, as a tool-calling model's tokenizer has one.
-TOOLS_CHAT_TEMPLATE = (
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
-    "{%- else -%}{%- set system = none -%}{%- set rest = messages -%}{%- endif -%}"
-    "{%- if tools or system is not none -%}"
-    "{{- '<|im_start|>system\\n' -}}"
-    "{%- if system is not none -%}{{- system -}}{%- if tools -%}{{- '\\n\\n' -}}{%- endif -%}{%- endif -%}"
-    "{%- if tools -%}"
-    "{{- 'You can call functions to help you answer. Their JSON schemas are inside <tools></tools>:\\n<tools>\\n' -}}"
-    "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
-    "{{- '</tools>\\nTo call one, write a JSON object with its name and arguments inside <tool_call></tool_call>:"
-    "\\n<tool_call>\\n{\"name\": \"function name\", \"arguments\": {\"argument\": \"value\"}}\\n</tool_call>\\n"
-    "Each result comes back inside <tool_response></tool_response>.' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in rest -%}"
-    "{%- if message['role'] == 'tool' -%}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') -}}"
-    "{%- if message['tool_calls'] is defined and message['tool_calls'] -%}"
-    "{%- for call in message['tool_calls'] -%}"
-    "{%- set function = call['function'] if call['function'] is defined else call -%}"
-    "{{- '\\n<tool_call>\\n' -}}{{- {'name': function['name'], 'arguments': function['arguments']} | tojson -}}"
-    "{{- '\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 TOOL_CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
 
 
@@ -234,7 +200,7 @@ def build_trainer(case: str, output_dir: str) -> GRPOTrainer:
     tools = case == "tools"
     tokenizer = build_tokenizer()
     if tools:
-        tokenizer.chat_template = TOOLS_CHAT_TEMPLATE
+        tokenizer.chat_template = HERMES
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     args = GRPOConfig(output_dir=output_dir, max_steps=1, per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=320 if tools else 16, num_sample_generations=0, report_to="none",

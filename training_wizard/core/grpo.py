@@ -54,7 +54,7 @@ def group_advantages(
         group_std = grid.std(0, unbiased=True, keepdim=True)
     else:
         kept = on_grid(scored.to(rewards.device), members)
-        deviation, group_std = _scored_group_moments(grid, kept)
+        deviation, group_std = scored_group_moments(grid, kept)
         centred = from_grid(deviation, members)
         valid = from_grid(kept & (kept.sum(0, keepdim=True) > 1), members)
     if scale_rewards == "batch":
@@ -67,7 +67,7 @@ def group_advantages(
     return advantages, torch.isclose(std, torch.zeros_like(std))
 
 
-def _scored_group_moments(grid: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scored_group_moments(grid: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(each scored reward minus its group's mean over the scored rows, 0 elsewhere; each group's unbiased
     standard deviation over them, (1, G), NaN where fewer than two were scored, as TRL's nanstd gives it) of a
     (k, G) grid of rewards and its (k, G) bool grid `kept` of scored rows."""

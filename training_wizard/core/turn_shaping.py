@@ -8,6 +8,7 @@ import torch
 
 from training_wizard.core.advantages import Moments, rows_with_scored_sibling, whiten
 from training_wizard.core.groups import from_grid, group_members, on_grid
+from training_wizard.core.grpo import scored_group_moments
 from training_wizard.core.turn_credit import token_advantages, turn_advantages
 
 
@@ -51,12 +52,7 @@ def group_reward_std(rewards: torch.Tensor, group_ids: torch.Tensor, scored: tor
     members = group_members(group_ids)
     grid = on_grid(rewards, members)
     kept = torch.ones_like(grid, dtype=torch.bool) if scored is None else on_grid(scored.to(rewards.device), members)
-    count = kept.sum(0, keepdim=True)
-    values = torch.where(kept, grid, torch.zeros_like(grid))
-    mean = values.sum(0, keepdim=True) / count.clamp(min=1)
-    deviation = torch.where(kept, grid - mean, torch.zeros_like(grid))
-    variance = (deviation**2).sum(0, keepdim=True) / (count - 1).clamp(min=1)
-    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, float("nan")))
+    std = scored_group_moments(grid, kept)[1]
     return from_grid(std.expand_as(grid), members)
 
 
