@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -233,3 +234,19 @@ def assert_same_run(run: Path, reference: Path) -> None:
     for a, b in zip(ours, theirs):
         assert {k: a[k] for k in DETERMINISTIC_METRICS} == {k: b[k] for k in DETERMINISTIC_METRICS}
     assert read_jsonl(run / "samples.jsonl") == read_jsonl(reference / "samples.jsonl")
+
+
+HANG_GUARD_S = 600.0  # far above any of these runs' time on a busy machine: only a hang reaches it
+
+
+def wait_for(condition, exited, describe: str, output) -> None:
+    """Poll `condition()` until it holds. Fails with the child's output when `exited()` says the child ended
+    first, and, as a guard against a hang (not a timing check), after HANG_GUARD_S seconds."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if exited():
+            pytest.fail(f"the child exited before {describe}:\n{output()[-2000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {describe} after {HANG_GUARD_S:.0f} s (a hang):\n{output()[-2000:]}")
+        time.sleep(0.05)
+

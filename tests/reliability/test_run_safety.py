@@ -15,7 +15,7 @@ import pytest
 
 from training_wizard.checkpoint import find_checkpoint, read_manifest
 
-from reliability_helpers import fork_cli, make_recipe, read_jsonl, run_cli
+from reliability_helpers import fork_cli, make_recipe, read_jsonl, run_cli, wait_for
 
 SFT = """\
 recipe_class = "sft"
@@ -186,10 +186,7 @@ def test_sigterm_while_a_reward_hangs_stops_before_its_timeout_and_resumes(tmp_p
     recipe = hanging_recipe(tmp_path, tiny_model_dir, timeout=600)
     output, hanging = tmp_path / "run", tmp_path / "hanging"
     child = fork_cli([recipe], tmp_path / "logs" / "hang", env={"HANG": kind, "HANGING": str(hanging)})
-    deadline = time.monotonic() + 120
-    while not hanging.exists():  # step 3's reward has begun its hang
-        assert time.monotonic() < deadline and child.poll() is None, child.stderr()[-2000:]
-        time.sleep(0.05)
+    wait_for(hanging.exists, lambda: child.poll() is not None, "step 3's reward began its hang", child.stderr)
     os.kill(child.pid, signal.SIGTERM)
     code = child.wait(timeout=120)  # a run that waited for the reward would still be running at 600 s
     assert code == 143, child.stderr()[-2000:]

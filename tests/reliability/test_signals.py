@@ -4,11 +4,10 @@ ends bit for bit where the uninterrupted run ends."""
 import signal
 import subprocess
 import sys
-import time
 
 from training_wizard.checkpoint import find_checkpoint, read_manifest
 
-from reliability_helpers import assert_same_run, make_recipe, read_jsonl, run_cli
+from reliability_helpers import assert_same_run, make_recipe, read_jsonl, run_cli, wait_for
 
 CASES = {
     # (fault, expected exit code, step of the checkpoint written on the way out)
@@ -45,10 +44,9 @@ def test_external_sigterm_to_the_cli_process(tmp_path, tiny_model_dir):
     process = subprocess.Popen([sys.executable, "-m", "training_wizard", str(recipe), "training.total_episodes=4000",
                                 "training.save_steps=1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=tmp_path)
-    deadline = time.monotonic() + 120
-    while not (output / "metrics.jsonl").exists() or len(read_jsonl(output / "metrics.jsonl")) < 2:
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]
-        time.sleep(0.05)
+    wait_for(lambda: (output / "metrics.jsonl").exists() and len(read_jsonl(output / "metrics.jsonl")) >= 2,
+             lambda: process.poll() is not None, "two logged iterations",
+             lambda: (process.kill(), process.communicate()[1])[1])
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 143, err[-2000:]
