@@ -20,6 +20,18 @@ def tokenizer():
     return build_tokenizer()
 
 
+@pytest.fixture(autouse=True)
+def session_tokenizer_kept(request):
+    """A test that changes the session's tokenizer (its chat template) fails itself, instead of a later test that
+    renders with it."""
+    yield
+    if "tokenizer" in request.fixturenames:
+        from training_wizard.testing import CHAT_TEMPLATE
+
+        changed = request.getfixturevalue("tokenizer").chat_template != CHAT_TEMPLATE
+        assert not changed, "this test changed the session tokenizer's chat_template: work on a copy.deepcopy of it"
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama + byte-level BPE tokenizer saved as a Hugging Face folder, built once per session."""

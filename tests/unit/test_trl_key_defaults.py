@@ -3,6 +3,7 @@ bound to the tokenizer, TRL's step-count defaults on the TRL-form constructor on
 
 from __future__ import annotations
 
+import copy
 import importlib.machinery
 import json
 import sys
@@ -22,6 +23,7 @@ def test_a_torch_dtype_in_model_init_kwargs_is_written_by_name(tmp_path):
 
 
 def test_chat_template_kwargs_reach_the_template(tokenizer):
+    tokenizer = copy.deepcopy(tokenizer)  # the session's tokenizer must stay as built: later tests render with it
     tokenizer.chat_template = "{{ messages[0]['content'] }}{% if enable_thinking is defined %}|off{% endif %}"
     message = [{"role": "user", "content": "hi"}]
     assert tokenizer.decode(chat_ids(tokenizer, message)) == "hi"
