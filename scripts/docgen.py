@@ -69,8 +69,9 @@ def _sections() -> list[tuple[str, str, list[type]]]:
           SequenceClassificationConfig]),
         ("[dataset], [eval_dataset]", "`ReasoningGymDataSpec` needs the `envs` extra (docs/environments.md).",
          [*subclasses(dataset, dataset.DataSourceSpec), reasoning_gym.ReasoningGymDataSpec]),
-        ("[environment]", "Episodes of several turns (docs/environments.md); their limits are the `[training]` "
-         "keys `max_turns` and `environment_timeout`.", [environment.EnvironmentSpec]),
+        ("[environment]", "Episodes of several turns (docs/environments.md), limits included; `[training]` keys "
+         "of the same names (TRL's) are their aliases, and a limit set in both places must agree.",
+         [environment.EnvironmentSpec]),
         ("[reward]", "A `[reward]` table with `reward_funcs` and no `spec_class` is a `RewardFunctionsSpec` (TRL's "
          "form).", [*subclasses(reward, reward.RewardSpec), *python_api_only_excluded(subclasses(reward_functions, reward.RewardSpec)),
                    *subclasses(verifiable, reward.RewardSpec), *subclasses(remote_reward, reward.RewardSpec),

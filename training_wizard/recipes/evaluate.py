@@ -22,7 +22,8 @@ from training_wizard.evaluation.judges import JudgeSpec
 from training_wizard.recipes.base import Recipe
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
-from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns
+from training_wizard.specs.episode import (EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations, MaxTurns,
+                                            limits_from_environment)
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
 
@@ -85,6 +86,12 @@ class EvaluateRecipe(Recipe):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Variables given to both models' chat templates wherever a prompt or turn is rendered "
         "(TRL's name; e.g. { enable_thinking = false }), as the run that trained the candidate gave them.")
+
+    @model_validator(mode="after")
+    def _episode_limits_in_one_place(self) -> EvaluateRecipe:
+        if self.environment is not None:
+            limits_from_environment(self.environment, self, "")
+        return self
 
     @model_validator(mode="after")
     def _one_baseline(self) -> EvaluateRecipe:

@@ -25,6 +25,7 @@ from training_wizard.spec import KeyValueError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.dataset import DataSourceSpec
 from training_wizard.specs.environment import EnvironmentSpec
+from training_wizard.specs.episode import limits_from_environment
 from training_wizard.specs.model import TransformerSpec
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.trainers.config.batch_plan import BatchPlan
@@ -65,6 +66,12 @@ class OnPolicyRecipe(Recipe):
                                   reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
                                   accelerator=accelerator, source_wrapper=with_async,
                                   **self.environment_factory())
+
+    @model_validator(mode="after")
+    def _episode_limits_in_one_place(self) -> OnPolicyRecipe:
+        if self.environment is not None:
+            limits_from_environment(self.environment, self.training, "training.")
+        return self
 
     @model_validator(mode="after")
     def _something_gives_prompts(self) -> OnPolicyRecipe:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Literal
 from pydantic import Field, field_validator, model_validator
 
 from training_wizard.spec import Spec
-from training_wizard.specs.episode import EpisodeSettings
+from training_wizard.specs.episode import (EnvironmentTimeout, EpisodeSettings, MaxToolCallingIterations,
+                                            MaxTurns)
 from training_wizard.specs.reward import RewardSpec, resolve_function
 
 
@@ -52,6 +53,10 @@ class EnvironmentSpec(Spec):
     tokenization_check: Literal["strict", "warn", "off"] = Field(
         "warn", description="Compare each episode's spliced token ids with the chat template's rendering of its "
         "conversation: strict stops the run at a difference, warn logs it (episodes/tokenization_drift).")
+    # the episode's limits; [training]'s keys of the same names (TRL's) are their aliases (specs/episode.py)
+    max_turns: MaxTurns = EpisodeSettings.max_turns
+    max_tool_calling_iterations: MaxToolCallingIterations = EpisodeSettings.max_tool_calling_iterations
+    environment_timeout: EnvironmentTimeout = EpisodeSettings.environment_timeout
 
     @field_validator("factory", "tools", "tool_parser")
     @classmethod

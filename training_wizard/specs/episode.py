@@ -1,9 +1,10 @@
 """How a run's episodes are played (rollout/episodes.py): one record, `EpisodeSettings`, and its limit options.
 
-The `[environment]` table (specs/environment.py) fills the record's protocol, tools, parser, chat template and
-tokenization check. Its limits are `[training]` keys in a training recipe (TRL's names: `max_tool_calling_iterations`,
-`max_turns` for the text protocol, and `environment_timeout`) and top-level keys of the `eval` recipe; both declare
-them with the types below, and `EpisodeSettings.with_limits` copies them into the record (rollout/episodes.py:
+The `[environment]` table (specs/environment.py) fills the record: protocol, tools, parser, chat template,
+tokenization check and the limits (`max_turns` for the text protocol, `max_tool_calling_iterations`,
+`environment_timeout`). TRL's names of the limits stay accepted where TRL has them, as `[training]` keys of a
+training recipe (top-level keys of the `eval` recipe): `limits_from_environment` fills those from `[environment]`
+(one place may set each), and `EpisodeSettings.with_limits` copies them into the record (rollout/episodes.py:
 `episode_player`, for training and `eval` alike). `response_length` is the whole episode's token budget, the
 environment's tokens included.
 """
@@ -50,3 +51,21 @@ class EpisodeSettings:
         """These settings under the limits `options` holds (a training config, or the eval recipe), which take the
         place of the record's own."""
         return dataclasses.replace(self, **{key: getattr(options, key) for key in LIMIT_KEYS})
+
+
+def limits_from_environment(environment: Any, options: Any, table: str) -> None:
+    """Copy the limits the `[environment]` table sets into `options` (the training config, or the eval recipe),
+    whose keys of the same names (TRL's, in `[training]`) are aliases of them: one place may set each, and where
+    both do with different values it is one line naming both."""
+    for key in LIMIT_KEYS:
+        if key not in environment.model_fields_set:
+            continue
+        value, other = getattr(environment, key), getattr(options, key)
+        if key in options.model_fields_set and other != value:
+            raise ValueError(f"environment.{key} = {value!r} and {table}{key} = {other!r} set one limit twice; "
+                             f"keep environment.{key}")
+        # validated already (the same types on both tables); set without re-running `options`' own validators,
+        # which are running now when `options` is the eval recipe itself
+        options.__dict__[key] = value
+        options.__pydantic_fields_set__.add(key)
+
