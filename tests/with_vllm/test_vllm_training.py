@@ -139,7 +139,7 @@ def test_grpo_samples_with_vllm_and_weighs_its_policy_term(tokenizer, tmp_path):
                           reward_model=distinct_characters, train_dataset=prompts())
     seen = []
     original = trainer.policy_forward  # the update's forward pass carries the correction weights to the loss
-    trainer.policy_forward = lambda rows: seen.append(original(rows)) or seen[-1]
+    trainer.policy_forward = lambda rows, *rest: seen.append(original(rows, *rest)) or seen[-1]
     trainer.train()
     metrics = read_metrics(tmp_path)
     assert len(metrics) == 3 and all(m["sampling/sampling_logp_difference/max"] < 1e-3 for m in metrics)
