@@ -30,6 +30,12 @@ def turn_mask(turn_counts: torch.Tensor, turns: int) -> torch.Tensor:
     return torch.arange(turns, device=turn_counts.device) < turn_counts[:, None]
 
 
+def turn_tokens(turn_index: torch.Tensor, turns: int) -> torch.Tensor:
+    """(B, K, T) bool: True where token t belongs to reply k. turn_index: (B, T) long, -1 outside the replies."""
+    wanted = torch.arange(turns, device=turn_index.device).view(1, -1, 1)
+    return turn_index.unsqueeze(1) == wanted
+
+
 def turn_returns(turn_rewards: torch.Tensor, turn_counts: torch.Tensor, gamma: float) -> torch.Tensor:
     """(B, K) discounted return from each turn to the end of its episode: G_{i,k} = sum_{j=k}^{n_i-1}
     gamma^(j-k) r_{i,j}, and 0 where k >= n_i.

@@ -9,7 +9,7 @@ import torch
 from training_wizard.core.advantages import Moments, rows_with_scored_sibling, whiten
 from training_wizard.core.groups import from_grid, group_members, on_grid
 from training_wizard.core.grpo import scored_group_moments
-from training_wizard.core.turn_credit import token_advantages, turn_advantages
+from training_wizard.core.turn_credit import token_advantages, turn_advantages, turn_tokens
 
 
 def with_last_turn_added(turn_rewards: torch.Tensor, turn_counts: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
@@ -23,8 +23,7 @@ def with_last_turn_added(turn_rewards: torch.Tensor, turn_counts: torch.Tensor, 
 def turn_last_tokens(turn_index: torch.Tensor, turns: int) -> torch.Tensor:
     """(B, K) long: the position of each turn's last model token; -1 for a turn with no token."""
     positions = torch.arange(turn_index.shape[1], device=turn_index.device)
-    wanted = torch.arange(turns, device=turn_index.device).view(1, -1, 1)
-    in_turn = turn_index.unsqueeze(1) == wanted  # (B, K, T)
+    in_turn = turn_tokens(turn_index, turns)
     return torch.where(in_turn, positions, torch.full_like(positions, -1)).amax(-1)
 
 

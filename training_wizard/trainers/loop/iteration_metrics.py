@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import torch
 
 from training_wizard.core.importance_sampling import ImportanceWeights
+from training_wizard.core.turn_credit import turn_mask, turn_tokens
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.trainers.loop.environment_failures import failed_episodes
@@ -195,9 +196,9 @@ def turn_metrics(collectives, device, batch, advantages: torch.Tensor) -> dict[s
     if advantages.dim() == 1:
         per_turn = advantages.float().unsqueeze(-1).expand(-1, turns)
     else:
-        in_turn = (batch.turn_index.unsqueeze(1) == numbers.view(1, -1, 1)).float()  # (B, K, T)
+        in_turn = turn_tokens(batch.turn_index, turns).float()
         per_turn = (advantages.float().unsqueeze(1) * in_turn).sum(-1) / in_turn.sum(-1).clamp(min=1)
-    reached = (numbers.unsqueeze(0) < batch.turn_counts.unsqueeze(-1)).float()
+    reached = turn_mask(batch.turn_counts, turns).float()
     lasted = (batch.turn_counts.unsqueeze(-1) == numbers.unsqueeze(0) + 1).float()
     advantage_sums, reached_counts, lasted_counts = collectives.sum(
         torch.stack([(per_turn * reached).sum(0), reached.sum(0), lasted.sum(0)]).to(device))
