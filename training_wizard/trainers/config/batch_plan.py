@@ -5,7 +5,8 @@ All counts are of *completions* unless named otherwise:
     local_batch_size   = per_device_train_batch_size * gradient_accumulation_steps * num_mini_batches  (per process)
     batch_size         = local_batch_size * world_size                            (per iteration, all processes)
     local_mini_batch   = local_batch_size / num_mini_batches    (one optimizer step, per process)
-    micro_batch        = per_device_train_batch_size            (one forward/backward, per process)
+    micro_batch        = per_device_train_batch_size            (one forward/backward, per process), or with
+                         max_tokens_per_micro_batch as many rows of similar length as fit that many tokens
     local_prompts      = local_batch_size / rloo_k              (prompts per process per iteration; GRPO:
     prompts/iteration  = batch_size / rloo_k                     num_generations instead of rloo_k)
     total_episodes     = given, or num_train_epochs x dataset rows x rloo_k (passes over the prompts, TRL 1.x's)
@@ -65,10 +66,18 @@ class BatchPlan:
     total_episodes: int
     num_iterations: int
     iterations_ahead: int = 0  # the async schedule's depth (rollout/asynchronous.py reads it); 0 when synchronous
+    max_tokens_per_micro_batch: int | None = None  # micro-batches by tokens (trainers/loop/token_budget.py)
 
-    def rows(self) -> list[tuple[str, int]]:
-        """The batch sizes --dry-run shows (the schedule's depth is the async keys' business, not a size)."""
-        return [(name, value) for name, value in asdict(self).items() if name != "iterations_ahead"]
+    def rows(self) -> list[tuple[str, int | str]]:
+        """The batch sizes --dry-run shows (the schedule's depth is the async keys' business, not a size); with
+        a token budget the micro-batch is a number of tokens, not of completions."""
+        rows: list[tuple[str, int | str]] = []
+        for name, value in asdict(self).items():
+            if name == "micro_batch_size" and self.max_tokens_per_micro_batch is not None:
+                rows.append((name, f"by tokens: <= {self.max_tokens_per_micro_batch} tokens per pass"))
+            elif name not in ("iterations_ahead", "max_tokens_per_micro_batch"):
+                rows.append((name, value))
+        return rows
 
 
 def mini_batches_from_steps_per_generation(config: BatchSettings) -> int:
@@ -136,6 +145,7 @@ def derive_batch_plan(config: BatchSettings, world_size: int, dataset_rows: int 
         total_episodes=total,
         num_iterations=math.ceil(total / batch),
         iterations_ahead=ahead,
+        max_tokens_per_micro_batch=getattr(config, "max_tokens_per_micro_batch", None),
     )
 
 

@@ -16,6 +16,7 @@ from training_wizard.specs.episode import EnvironmentTimeout, EpisodeSettings, M
 from training_wizard.trainers.config.async_keys import AsyncRolloutOptions
 from training_wizard.trainers.config.environment_keys import EnvironmentFailureOptions
 from training_wizard.trainers.config.hub import HubArguments
+from training_wizard.trainers.config.micro_batch_keys import TokenBudgetOptions
 from training_wizard.trainers.config.presentation import PresentationOptions
 from training_wizard.trainers.config.turn_keys import TurnCreditOptions
 from training_wizard.trainers.config.batch_plan import (
@@ -27,7 +28,7 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
-                     TurnCreditOptions):
+                     TurnCreditOptions, TokenBudgetOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------
