@@ -78,7 +78,8 @@ class GRPOTrainer(GroupTrainer):
         kept = shaped.kept_rows if shaped.kept_rows is not None else torch.ones_like(per_row, dtype=torch.bool)
         rows = kept.float()[order.to(device)].reshape(-1, plan.local_mini_batch_size).sum(-1)
         world, world_rows = self.collectives.sum(torch.stack([local, rows]).to(self.accelerator.device))
-        counted = shaped.kept_rows is not None
+        # micro-batches by tokens hold unequal rows: a mean over sequences then divides by the step's rows too
+        counted = shaped.kept_rows is not None or self.config.max_tokens_per_micro_batch is not None
         return [StepTokens(float(mine), float(every), self.config.gradient_accumulation_steps, plan.world_size,
                            world_rows=float(step_rows) if counted else None)
                 for mine, every, step_rows in zip(local.tolist(), world.tolist(), world_rows.tolist())]
@@ -142,4 +143,6 @@ def grpo_loss(shaped: dict[str, torch.Tensor], forward: PolicyForward, step: Ste
         stats["cispo_clip_ratio"] = stats["clip_ratio/high_mean"]
     if config.kl_coef != 0.0:
         stats["kl"] = step_mean(out.kl)
-    return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats)
+    # the statistics are step shares always; the loss where it is normalised by the step's totals
+    step_shares = config.loss_type in ("dapo", "cispo", "bnpo") or step.world_rows is not None
+    return MicroBatchLoss(loss=loss, entropy=token.entropy, ratio=out.ratio, stats=stats, step_shares=step_shares)

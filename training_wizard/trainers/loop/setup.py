@@ -77,9 +77,7 @@ def prepare_models(
                             "be copied; pass ref_policy (the same model loaded a second time)")
         ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
     check_supported(accelerator, trained)
-    if config.torch_compile and engine_kind(accelerator):
-        raise UserError(f"torch_compile: not supported under {accelerator.distributed_type.name} here; "
-                        "set torch_compile = false (it is tested with one process and plain data parallel)")
+    check_engine_options(accelerator, config)
     if config.gradient_checkpointing:
         for model in trained.values():
             enable_activation_checkpointing(model)
@@ -110,6 +108,18 @@ def prepare_models(
         rollout_head_logprobs=not engine_kind(accelerator),
         update_head_logprobs=not (engine_kind(accelerator) or config.torch_compile),
     )
+
+
+def check_engine_options(accelerator: Accelerator, config: OnPolicyConfig) -> None:
+    """The options tested with one process and plain data parallel only, refused under DeepSpeed and FSDP."""
+    if config.torch_compile and engine_kind(accelerator):
+        raise UserError(f"torch_compile: not supported under {accelerator.distributed_type.name} here; "
+                        "set torch_compile = false (it is tested with one process and plain data parallel)")
+    if config.max_tokens_per_micro_batch is not None and engine_kind(accelerator):
+        raise UserError(f"training.max_tokens_per_micro_batch: not supported under "
+                        f"{accelerator.distributed_type.name} (its engine counts micro-batches itself, and a sharded "
+                        "model needs the same forward passes on every process); unset it, or train with plain data "
+                        "parallel")
 
 
 def resolve_logprobs_from_sampling(config: OnPolicyConfig, accelerator: Accelerator, policy: torch.nn.Module) -> bool:

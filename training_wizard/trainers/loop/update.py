@@ -28,6 +28,7 @@ from training_wizard.sharding import engine_kind, unwrap_model
 from training_wizard.rollout.trajectory import TrajectoryBatch
 from training_wizard.signals import fault_point
 from training_wizard.trainers.loop.iteration_metrics import sampling_metrics
+from training_wizard.trainers.loop.token_budget import MicroBatchShare, TokenBudgetSteps
 
 
 @dataclass
@@ -37,13 +38,16 @@ class MicroBatchLoss:
     loss: scalar to back-propagate; entropy: (b, T) detached policy entropy (for its metric, and the guard: it
     is non-finite where a logit is, see `logprobs_and_entropy`); ratio: (b,) or (b, T) policy ratios (summarised
     as val/ratio); stats: scalar metrics averaged over micro-batches. Holding no logits lets the backward free
-    them as soon as it has used them.
+    them as soon as it has used them. step_shares: loss and stats are already this micro-batch's share of its
+    optimizer step's value times gradient_accumulation_steps (normalised by the step's totals, as GRPO's are),
+    not means over the micro-batch's rows; micro-batches by tokens weigh them by it (trainers/loop/token_budget.py).
     """
 
     loss: torch.Tensor
     entropy: torch.Tensor
     ratio: torch.Tensor
     stats: dict[str, torch.Tensor]  # at least "loss/policy_avg", "policy/approxkl_avg", "policy/clipfrac_avg"
+    step_shares: bool = False
 
 
 @dataclass
@@ -80,7 +84,7 @@ class OffPolicyPass:
     corrections: list[tuple] = field(default_factory=list)
 
 
-class UpdateLoop:
+class UpdateLoop(TokenBudgetSteps):
     """The update loop of `OnPolicyTrainer` (trainers/loop/on_policy.py), which provides what it reads: `config`, `plan`,
     `state`, `accelerator`, `collectives`, `trained_models`, `optimizer_step`, `deepspeed_guard`, `policy_forward` and
     the algorithm's hooks `micro_batch_loss` and `optimizer_step_totals`."""
@@ -100,7 +104,8 @@ class UpdateLoop:
         all-reduce until the last micro-batch, and lets the optimizer step only there (also under DeepSpeed,
         whose engine does its own accumulation). Every mini-batch is exactly gradient_accumulation_steps
         micro-batches, so accelerate's step counter is a multiple of them at every iteration boundary (which is
-        what makes a checkpoint taken there resume exactly).
+        what makes a checkpoint taken there resume exactly). With max_tokens_per_micro_batch a mini-batch is as
+        many micro-batches as its rows' tokens need, synchronised by the loop itself (trainers/loop/token_budget.py).
         """
         config, plan = self.config, self.plan
         for model in self.trained_models.values():
@@ -112,16 +117,22 @@ class UpdateLoop:
         for epoch in range(config.num_ppo_epochs):
             order = torch.randperm(plan.local_batch_size, generator=self.state.update_generator)
             step_totals = self.optimizer_step_totals(shaped, order)
+            by_tokens = self.token_budget_splits(rollout, order) if config.max_tokens_per_micro_batch else None
             for mini, first in enumerate(range(0, plan.local_batch_size, plan.local_mini_batch_size)):
                 totals = step_totals[mini] if step_totals is not None else None
                 # non-finite logits, loss: guards.MINI_BATCH_TENSORS without the gradient (checked at the step)
                 flags = torch.zeros(2, dtype=torch.bool, device=self.accelerator.device)
-                for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
-                    index = order[start : start + plan.micro_batch_size]
-                    with self.accelerator.accumulate(*self.trained_models.values()):
-                        ratios.append(self._micro_step(rollout, shaped, index, totals, stats, flags, stale))
-                        if self.accelerator.sync_gradients:
-                            self._optimizer_step(flags, f" (ppo epoch {epoch}, mini-batch {mini})")
+                where = f" (ppo epoch {epoch}, mini-batch {mini})"
+                if by_tokens is not None:
+                    ratios += self.token_budget_step(rollout, shaped, by_tokens[mini], totals, stats, flags, stale,
+                                                     where)
+                else:
+                    for start in range(first, first + plan.local_mini_batch_size, plan.micro_batch_size):
+                        index = order[start : start + plan.micro_batch_size]
+                        with self.accelerator.accumulate(*self.trained_models.values()):
+                            ratios.append(self._micro_step(rollout, shaped, index, totals, stats, flags, stale))
+                            if self.accelerator.sync_gradients:
+                                self._optimizer_step(flags, where)
                 fault_point("update", self.state.iteration)
         summary = {key: float(self.collectives.mean(torch.stack(values).mean().to(self.accelerator.device)))
                    for key, values in stats.items()}
@@ -193,12 +204,17 @@ class UpdateLoop:
         return sampling_metrics(self.collectives, self.accelerator.device, flat, weights, per_sequence)
 
     def _micro_step(self, rollout, shaped: ShapedRewards, index, step_totals, stats, flags: torch.Tensor,
-                    stale: OffPolicyPass | None = None) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its ratios on loss tokens (flattened) for val/ratio."""
+                    stale: OffPolicyPass | None = None, share: MicroBatchShare | None = None) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its ratios on loss tokens (flattened) for val/ratio.
+        `share`: the micro-batch's part of its step when micro-batches are by tokens (None: a fixed one)."""
         rows = rollout.rows(index)  # cut to the rows' content: no work on padding
         width = rows.pop("width")
         shaped_rows = {name: value[index, :width] if value.dim() == 2 else value[index]
                        for name, value in vars(shaped).items() if isinstance(value, torch.Tensor)}
+        if share is not None and share.rows == 0:  # a padding pass: nothing in it is trained on or measured
+            for tensors in (rows, shaped_rows):
+                if "loss_mask" in tensors:
+                    tensors["loss_mask"] = torch.zeros_like(tensors["loss_mask"])
         out = self.micro_batch_loss(rows, shaped_rows, self.policy_forward(rows, stale), step_totals)
         if fault_point("loss", self.state.iteration):  # test hook (action `nan`)
             out.loss = out.loss * float("nan")
@@ -206,6 +222,8 @@ class UpdateLoop:
             flags |= ~torch.stack([guards.all_finite(out.entropy), guards.all_finite(out.loss.detach())])
             entropy = masked_mean(out.entropy, rows["loss_mask"])
         loss = out.loss
+        if share is not None:  # accelerate's backward divides by the accumulation steps: undo it, then weigh
+            loss = loss * (share.weight(out.step_shares) * share.accumulation_steps)
         if self.deepspeed_guard is not None and self.accelerator.sync_gradients and any(
             self.collectives.any_true(*flags.tolist())
         ):  # DeepSpeed steps inside backward: make this step one its overflow check skips
@@ -215,9 +233,10 @@ class UpdateLoop:
             # FSDP, whose own buffers and asynchronous gathers it was never measured with.
             release_free_host_memory()
         self.accelerator.backward(loss)
+        weight = share.weight(out.step_shares) if share is not None else None
         for name, value in out.stats.items():
-            stats[name].append(value)
-        stats["policy/entropy_avg"].append(entropy)
+            stats[name].append(value if weight is None else value * weight)
+        stats["policy/entropy_avg"].append(entropy if share is None else entropy * share.token_share)
         return out.ratio.reshape(-1) if out.ratio.dim() == 1 else out.ratio[rows["loss_mask"]]
 
     def _ratio_summary(self, ratios: list[torch.Tensor]) -> dict[str, float]:
