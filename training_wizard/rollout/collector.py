@@ -31,7 +31,7 @@ from training_wizard.rollout.generation import GenerationParams
 from training_wizard.rollout.prompts import EncodedPrompts, RolloutRequest
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.rollout.sampling import SamplingFilters
-from training_wizard.rollout.scoring import batched_logprobs, classifier_scores
+from training_wizard.rollout.scoring import batched_logprobs, classifier_scores, content_columns, forward_chunks
 from training_wizard.sharding import unwrap_model
 from training_wizard.specs.reward import FunctionLogs
 
@@ -57,6 +57,7 @@ class SamplingSettings:
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
     reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)
+    max_tokens_per_forward: int | None = None  # max_tokens_per_micro_batch: no-grad passes chunked by tokens
 
 
 class RolloutSource(Protocol):
@@ -222,7 +223,8 @@ class RolloutCollector:
             logprobs = self.logprobs_of(engine.model, prompt_ids, prompt_mask, responses, mask)
         ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
                         if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
-        extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
+        extras = {name: self._extra_pass(run, prompt_ids, prompt_mask, responses, mask)
+                  for name, run in self.extra_passes.items()}
         return LogprobPasses(logprobs, ref_logprobs, extras, time.perf_counter() - started)
 
     def complete(self, request: RolloutRequest, sampled: Sampled, passes: LogprobPasses,
@@ -275,7 +277,20 @@ class RolloutCollector:
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
             share_prompts=settings.share_prompts, from_hidden_states=settings.head_logprobs,
+            max_tokens=settings.max_tokens_per_forward,
         )
+
+    def _extra_pass(self, run: ExtraPass, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
+        """An algorithm's extra pass over the whole batch, or with max_tokens_per_forward over chunks of rows of
+        similar length, each cut to its content (0 after a chunk's last real token: no loss reads it)."""
+        budget = self.settings.max_tokens_per_forward
+        if budget is None:
+            return run(prompt_ids, prompt_mask, responses)
+        out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        for part in forward_chunks(prompt_mask, mask, len(mask), budget):
+            first, end = content_columns(prompt_mask[part], mask[part])
+            out[part, :end] = run(prompt_ids[part, first:], prompt_mask[part, first:], responses[part, :end])
+        return out
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
         if self.ref_policy is not None:
@@ -295,6 +310,7 @@ class RolloutCollector:
                 scores = classifier_scores(
                     self.reward, sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids,
                     sampled.completion_mask, self.settings.pad_token_id, self.settings.forward_batch_size,
+                    max_tokens=self.settings.max_tokens_per_forward,
                 )
         else:
             columns = self._reward_columns(prompts, rows, sampled, episode)

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from training_wizard.core.logprobs import TokenLogprobs, head_logprobs, logprobs_and_entropy, selective_logprobs
+from training_wizard.core.micro_batches import token_budget_chunks
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -271,10 +272,12 @@ def _checkpointed_layers_keep_cache(model: torch.nn.Module):
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int,
-    share_prompts: bool = True, from_hidden_states: bool = True,
+    share_prompts: bool = True, from_hidden_states: bool = True, max_tokens: int | None = None,
 ) -> torch.Tensor:
     """Per-token logprobs of the responses under `model`, `batch_size` rows at a time, each chunk cut to its
     content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk.
+    `max_tokens` (max_tokens_per_micro_batch): chunks of rows of similar length holding at most that many tokens
+    each (`core.micro_batches.token_budget_chunks`) instead of `batch_size` rows.
 
     With `share_prompts` the rows of one prompt go into the same chunk and share one pass over their prompt
     (`shared_prompt_logits`): with k samples per prompt the prompt tokens cost 1/k of a pass. Callers whose
@@ -285,8 +288,7 @@ def batched_logprobs(
     head = plain_output_head(model) if from_hidden_states else None
     # rows grouped by prompt (stable: without repeats, or without sharing, the order stays as it is)
     order = torch.argsort(distinct_rows(prompt_ids, prompt_mask)[1], stable=True) if share_prompts else None
-    for start in range(0, responses.shape[0], batch_size):
-        part = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
+    for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens, order):
         first, end = content_columns(prompt_mask[part], response_mask[part])
         ids, kept = responses[part, :end], slice(first, None)
         output, skipped = _final_output(model, prompt_ids[part, kept], prompt_mask[part, kept], ids, share_prompts,
@@ -300,11 +302,31 @@ def batched_logprobs(
     return out
 
 
+def forward_chunks(prompt_mask, response_mask, batch_size: int, max_tokens: int | None = None, order=None) -> list:
+    """The rows of each chunk of a no-grad pass: `batch_size` rows at a time (in `order` when given, else as
+    slices), or with `max_tokens` rows of similar length up to that many tokens a chunk (order unused)."""
+    if max_tokens is not None:
+        return token_budget_chunks(prompt_mask, response_mask, max_tokens)
+    starts = range(0, prompt_mask.shape[0], batch_size)
+    if order is not None:
+        return [order[start : start + batch_size] for start in starts]
+    return [slice(start, start + batch_size) for start in starts]
+
+
 @torch.no_grad()
 def classifier_scores(
-    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, pad_token_id: int, batch_size: int
+    model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, pad_token_id: int, batch_size: int,
+    max_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Scores of a sequence classifier that shares the policy's tokenizer, read at the last real token. -> (B,)."""
+    """Scores of a sequence classifier that shares the policy's tokenizer, read at the last real token. -> (B,).
+    `max_tokens`: chunks by tokens (`forward_chunks`), each cut to its content (`content_columns`)."""
+    if max_tokens is not None:
+        scores = torch.zeros(responses.shape[0], dtype=torch.float32, device=responses.device)
+        for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens):
+            first, end = content_columns(prompt_mask[part], response_mask[part])
+            scores[part] = classifier_scores(model, prompt_ids[part, first:], prompt_mask[part, first:],
+                                             responses[part, :end], response_mask[part, :end], pad_token_id, len(part))
+        return scores
     ids = torch.cat([prompt_ids, torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))], 1)
     mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
     scores = []

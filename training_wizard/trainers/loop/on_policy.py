@@ -160,7 +160,7 @@ class OnPolicyTrainer(UpdateLoop):
             logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
             reference_logprobs=config.uses_reference, filters=config.sampling_filters(),
-            reward_timeout=config.reward_timeout,
+            reward_timeout=config.reward_timeout, max_tokens_per_forward=config.max_tokens_per_micro_batch,
         )
 
     def _stop_token_ids(self) -> tuple[int, ...]:
