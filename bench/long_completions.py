@@ -15,8 +15,8 @@ wall seconds), and the peak resident memory of the process; per pair, ours/TRL i
 CPU seconds) and peak memory ours/TRL.
 
 Time: on a quiet 2-core CPU, 2 threads, our estimate (not measured; BENCHMARKS.md has what was) is 2-4 minutes per
-iteration and side at the full lengths, so the defaults (2 pairs, 1 warm-up + 2 timed iterations) run for over an
-hour; `--pairs 1 --iterations 1` is the short form, and `--max-length 128 --warmup 0 --iterations 1` a check that
+iteration and side at the full lengths, so the defaults (2 pairs, 1 warm-up + 2 timed iterations) run for roughly 40 to 80
+minutes; `--pairs 1 --iterations 1` is the short form, and `--max-length 128 --warmup 0 --iterations 1` a check that
 everything runs.
 
 The lengths. `LENGTHS[p][g]` is the length, end-of-turn token included, of generation g of prompt p: 8 prompts x 8
