@@ -116,3 +116,18 @@ def test_a_kept_cache_runs_only_the_new_tokens_through_the_model(settings, token
     play(tokenizer, model, settings, keep=True, temperature=1.0, calls=kept)
     assert len(kept) == len(again)  # as many forward passes: one prefill per chunk and turn, one per token step
     assert sum(kept) < 0.5 * sum(again)
+
+
+def test_a_kept_cache_with_lora_folded_for_sampling_samples_what_re_encoding_samples(tokenizer):
+    """The decode loop folds LoRA into its base weights while it samples: the kept cache is made under the fold of
+    every turn and read under the next one's."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(build_causal_lm(tokenizer, seed=2),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)).eval()
+    again = play(tokenizer, model, TEXT, keep=False, temperature=1.0)
+    kept = play(tokenizer, model, TEXT, keep=True, temperature=1.0)
+    for one, other in zip(again, kept):
+        assert other.ids == one.ids
+        torch.testing.assert_close(torch.tensor(other.logprobs), torch.tensor(one.logprobs), rtol=0, atol=1e-5)
