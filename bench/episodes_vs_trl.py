@@ -45,9 +45,10 @@ Equal settings (one iteration = one generation of 32 episodes + one optimizer st
 Differences that remain are the two loops' own: TRL generates each turn with `transformers` `generate`
 (max_new_tokens = max_completion_length every turn, cut to the budget afterwards) and re-reads the whole context
 each turn; ours samples each turn with its own decode loop, the whole episode held to response_length, and also
-re-reads the context each turn (docs/environments.md, "Not yet"). TRL (num_iterations=1, steps_per_generation=1) skips
-the old-logprob pass; ours in float32 takes the old logprobs from the sampling pass ("auto"), so neither makes an extra
-pass. TRL normalises the loss over the batch's completion tokens as ours does with "dapo".
+re-reads the context each turn (`[environment] keep_kv_cache`, off by default and here, keeps its KV cache instead:
+bench/episode_kv_cache.py). TRL (num_iterations=1, steps_per_generation=1) skips the old-logprob pass; ours in
+float32 takes the old logprobs from the sampling pass ("auto"), so neither makes an extra pass. TRL normalises
+the loss over the batch's completion tokens as ours does with "dapo".
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 from training_wizard.core.masking import truncate_after_stop
 from training_wizard.rollout.adapters import adapters_folded
 from training_wizard.rollout.generation import GenerationParams, Generated, sample
+from training_wizard.rollout.kept_cache import KeptCaches, sample_keeping_cache
 
 
 class GenerationBackend:
@@ -32,6 +33,7 @@ class GenerationBackend:
 
     name = "base"
     samples_with_training_forward = False  # whether `Generated.logprobs` are the training forward pass's numbers
+    keeps_episode_cache = False  # whether `sample_keeping_cache` keeps an episode's KV cache across its turns
 
     def sample(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                params: GenerationParams, row_seeds: list[int], sharded: bool = False,
@@ -54,6 +56,7 @@ class DecodeLoopBackend(GenerationBackend):
 
     name = "decode loop"
     samples_with_training_forward = True
+    keeps_episode_cache = True
 
     def __init__(self, chunk_rows: int):
         self.chunk_rows = chunk_rows
@@ -65,6 +68,19 @@ class DecodeLoopBackend(GenerationBackend):
                 sample(model, prompt_ids[start : start + self.chunk_rows], prompt_mask[start : start + self.chunk_rows],
                        params, row_seeds[start : start + self.chunk_rows], all_finished)
                 for start in range(0, prompt_ids.shape[0], self.chunk_rows)
+            ]
+        return join_generated(chunks, params.pad_token_id)
+
+    def sample_keeping_cache(self, model, prompt_ids, prompt_mask, params, row_seeds, kept: KeptCaches,
+                             episodes: list[int]) -> Generated:
+        """`sample` for turns of episodes `episodes` (one per row) whose caches `kept` holds across their turns
+        (rollout/kept_cache.py), in the same chunks of rows."""
+        rows = self.chunk_rows
+        with adapters_folded(model):
+            chunks = [
+                sample_keeping_cache(model, prompt_ids[start : start + rows], prompt_mask[start : start + rows],
+                                     params, row_seeds[start : start + rows], kept, episodes[start : start + rows])
+                for start in range(0, prompt_ids.shape[0], rows)
             ]
         return join_generated(chunks, params.pad_token_id)
 
@@ -94,14 +110,19 @@ class Completions:
 def sample_completions(backend: GenerationBackend, model: torch.nn.Module, prompt_ids: torch.Tensor,
                        prompt_mask: torch.Tensor, params: GenerationParams, row_seeds: list[int], *,
                        sharded: bool = False, all_finished: Callable[[bool], bool] | None = None,
-                       agree_width: Callable[[int], int] | None = None) -> Completions:
+                       agree_width: Callable[[int], int] | None = None,
+                       kept: tuple[KeptCaches, list[int]] | None = None) -> Completions:
     """Sample with `backend` and truncate each row after its first stop token.
 
     agree_width(local_width) -> the width every process uses (token-level statistics gather (B, T) tensors across
-    processes, so all must have one width); None keeps the local one.
+    processes, so all must have one width); None keeps the local one. kept: (the caches, each row's episode) for a
+    turn of episodes whose KV caches are kept across turns, where the backend can (`keeps_episode_cache`).
     """
     backend.sync_weights(model)
-    generated = backend.sample(model, prompt_ids, prompt_mask, params, row_seeds, sharded, all_finished)
+    if kept is not None and backend.keeps_episode_cache and not sharded:
+        generated = backend.sample_keeping_cache(model, prompt_ids, prompt_mask, params, row_seeds, *kept)
+    else:
+        generated = backend.sample(model, prompt_ids, prompt_mask, params, row_seeds, sharded, all_finished)
     width = generated.tokens.shape[1] if agree_width is None else agree_width(generated.tokens.shape[1])
     generated = join_generated([generated], params.pad_token_id, width)
     responses, mask, has_stop = truncate_after_stop(generated.tokens, params.stop_token_ids, params.pad_token_id)

@@ -36,6 +36,7 @@ from training_wizard.rollout.environments import (
     reset_columns, reset_environment,
 )
 from training_wizard.rollout.generation import GenerationParams
+from training_wizard.rollout.kept_cache import KeptCaches
 from training_wizard.rollout.prompts import EncodedPrompts, RolloutRequest, left_pad, prompt_text, row_seed
 from training_wizard.rollout.tools import ToolsProtocol, reply_parser, typed_arguments, without_calls
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
@@ -141,6 +142,7 @@ class EpisodePlayer:
     def play(self, model, prompts: EncodedPrompts, rows: list[int], seeds: list[int], device) -> list[Episode]:
         """The episodes of dataset rows `rows`, each turn sampled with the row's key `seeds[i]` (turn_seed)."""
         episodes = [self._reset(prompts, row) for row in rows]
+        kept = KeptCaches() if self.settings.keep_kv_cache else None  # each episode's KV cache across its turns
         turn = 0
         while any(episode.stop is None for episode in episodes):
             if stop_requested():
@@ -149,7 +151,7 @@ class EpisodePlayer:
                 for episode in episodes:
                     episode.stop = StopReason.LENGTH if episode.stop is None else episode.stop
                 break
-            self._turn(model, seeds, episodes, turn, device)
+            self._turn(model, seeds, episodes, turn, device, kept)
             turn += 1
         return episodes
 
@@ -179,9 +181,12 @@ class EpisodePlayer:
         episode.counts["failed"] = float(episode.failed)  # counted even if its one reply runs out of tokens
         return episode
 
-    def _turn(self, model, seeds: list[int], episodes: list[Episode], turn: int, device) -> None:
+    def _turn(self, model, seeds: list[int], episodes: list[Episode], turn: int, device,
+              kept: KeptCaches | None = None) -> None:
         """One reply for every running episode, then the environments' answers."""
         running = [i for i, episode in enumerate(episodes) if episode.stop is None]
+        if kept is not None:
+            kept.keep_only(running)
         settings = self.sampling
         prompt_ids, prompt_mask = left_pad([episodes[i].prompt_ids + episodes[i].ids for i in running],
                                            settings.pad_token_id)
@@ -189,7 +194,8 @@ class EpisodePlayer:
         params = GenerationParams(max(left), settings.temperature, settings.stop_token_ids, settings.pad_token_id,
                                   settings.filters)
         out = sample_completions(self.backend, model, prompt_ids.to(device), prompt_mask.to(device), params,
-                                 [turn_seed(seeds[i], turn) for i in running])
+                                 [turn_seed(seeds[i], turn) for i in running],
+                                 kept=(kept, running) if kept is not None else None)
         pending: dict[int, tuple[Turn | Answer, int | None]] = {}
         for row, i in enumerate(running):
             keep = out.mask[row].nonzero().flatten()[: left[row]]

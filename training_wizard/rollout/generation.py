@@ -88,15 +88,42 @@ def sample(
     where every process must keep running the same passes, even with none of its rows left.
     """
     keys = torch.tensor([int(seed) for seed in row_seeds], dtype=torch.long, device=prompt_ids.device)
-    batch = prompt_ids.shape[0]
     attention_mask = prompt_mask.long()
     capacity = prompt_ids.shape[1] + params.max_new_tokens
-    past, logits, written_in_place, next_position = _prefill(model, prompt_ids, attention_mask, capacity)
-    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-    running = torch.arange(batch, device=prompt_ids.device)  # the batch rows still in the forward pass, in order
+    past, logits, written_in_place, next_position = prefill(model, prompt_ids, attention_mask, capacity)
+    start = DecodeStart(past, logits, attention_mask, next_position, capacity if written_in_place else None)
+    seen = seen_tokens(prompt_ids, prompt_mask, logits.shape[-1], params.filters)
+    return decode(model, start, params, keys, seen, all_finished)
+
+
+@dataclass
+class DecodeStart:
+    """The decode loop's state after a prefill: the cache, the logits (B, V) that draw the first token, the
+    attention mask over the cache's positions (B, L), each row's next position (B, 1), and the capacity of a cache
+    written in place (None for one that transformers grows)."""
+
+    past: object
+    logits: torch.Tensor
+    attention_mask: torch.Tensor
+    next_position: torch.Tensor
+    capacity: int | None
+
+
+# leaving(batch rows, their rows in the cache, cache, attention mask): called for rows about to leave the forward
+# pass and, at the end, for those still in it; the cache and mask then hold every token the rows were fed.
+Leaving = Callable[[torch.Tensor, torch.Tensor, object, torch.Tensor], None]
+
+
+def decode(model, start: DecodeStart, params: GenerationParams, keys: torch.Tensor, seen: torch.Tensor | None,
+           all_finished: Callable[[bool], bool] | None = None, leaving: Leaving | None = None) -> Generated:
+    """The token steps of `sample` from a prefilled `start` (see there); `leaving` sees each row's cache before it
+    is dropped (rollout/kept_cache.py keeps an episode's cache across its turns with it)."""
+    past, logits, attention_mask, next_position = start.past, start.logits, start.attention_mask, start.next_position
+    batch = logits.shape[0]
+    finished = torch.zeros(batch, dtype=torch.bool, device=logits.device)
+    running = torch.arange(batch, device=logits.device)  # the batch rows still in the forward pass, in order
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
-    seen = _seen_tokens(prompt_ids, prompt_mask, logits.shape[-1], params.filters)
     for step in range(params.max_new_tokens):
         token, logprob = _draw(logits, params, keys, running, step, seen, finished)
         tokens.append(token)
@@ -110,9 +137,11 @@ def sample(
             break
         stopped = finished[running]
         if all_finished is None and int(stopped.sum()) >= _FINISHED_SHARE_TO_DROP * running.shape[0]:
+            if leaving is not None:
+                leaving(running[stopped], stopped.nonzero().squeeze(1), past, attention_mask)
             kept = (~stopped).nonzero().squeeze(1)
             running, attention_mask, next_position = running[kept], attention_mask[kept], next_position[kept]
-            _keep_rows(past, kept, capacity if written_in_place else None)
+            _keep_rows(past, kept, start.capacity)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(running.shape[0], 1)], dim=1)
         out = model(
             input_ids=token[running].unsqueeze(1),
@@ -123,10 +152,12 @@ def sample(
         )
         past, logits = out.past_key_values, out.logits[:, -1, :]
         next_position = next_position + 1
+    if leaving is not None:
+        leaving(running, torch.arange(running.shape[0], device=running.device), past, attention_mask)
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1))
 
 
-def _prefill(model, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int):
+def prefill(model, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: int):
     """The prompts' forward pass, once per distinct prompt, its KV cache repeated for the rows sharing it (in place
     when the cache allows, holding `capacity` positions). Returns (cache, last logits (B, V), whether the cache was
     written in place, each row's next position (B, 1))."""
@@ -162,7 +193,7 @@ def _draw(logits, params: GenerationParams, keys, running, step: int, seen, fini
     return token, logprob
 
 
-def _seen_tokens(prompt_ids, prompt_mask, vocab: int, filters: SamplingFilters | None) -> torch.Tensor | None:
+def seen_tokens(prompt_ids, prompt_mask, vocab: int, filters: SamplingFilters | None) -> torch.Tensor | None:
     """(B, V) bool: the tokens of each row's prompt, which the repetition penalty applies to (as transformers
     does) and to which each drawn token is added; None when there is no penalty."""
     if filters is None or filters.repetition_penalty == 1.0:
@@ -213,8 +244,14 @@ def _buffer_rows(layer, rows: torch.Tensor, capacity: int) -> None:
         buffer = stored.new_empty(rows.shape[0], heads, capacity, width)
         buffer[:, :, :filled] = stored[rows]
         buffers.append(buffer)
-    layer.keys, layer.values = buffers[0][:, :, :filled], buffers[1][:, :, :filled]
-    layer.update = functools.partial(_write_next, layer, *buffers)
+    write_into(layer, buffers[0], buffers[1], filled)
+
+
+def write_into(layer, key_buffer: torch.Tensor, value_buffer: torch.Tensor, filled: int) -> None:
+    """Make `layer`'s keys and values the first `filled` positions of the buffers (B, heads, capacity, width), and
+    its later updates write the next positions into them."""
+    layer.keys, layer.values = key_buffer[:, :, :filled], value_buffer[:, :, :filled]
+    layer.update = functools.partial(_write_next, layer, key_buffer, value_buffer)
 
 
 def _write_next(layer, key_buffer, value_buffer, key_states, value_states, *args, **kwargs):

@@ -53,6 +53,11 @@ class EnvironmentSpec(Spec):
     tokenization_check: Literal["strict", "warn", "off"] = Field(
         "warn", description="Compare each episode's spliced token ids with the chat template's rendering of its "
         "conversation: strict stops the run at a difference, warn logs it (episodes/tokenization_drift).")
+    keep_kv_cache: bool = Field(
+        False, description="With the built-in decode loop: keep each episode's KV cache across its turns, so a turn "
+        "runs only the environment's new tokens (and the reply's last one) through the model instead of the whole "
+        "context. Same tokens; logprobs equal up to float rounding (other matmul shapes). Costs memory: every "
+        "running episode's cache is held between turns. No effect with vLLM (its prefix cache does this).")
     # the episode's limits; [training]'s keys of the same names (TRL's) are their aliases (specs/episode.py)
     max_turns: MaxTurns = EpisodeSettings.max_turns
     max_tool_calling_iterations: MaxToolCallingIterations = EpisodeSettings.max_tool_calling_iterations
@@ -98,7 +103,8 @@ class EnvironmentSpec(Spec):
             if self.tool_parser else None
         tools = tuple(resolve_function(path, raising=ValueError, key="environment.tools: ") for path in self.tools)
         return EpisodeSettings(protocol=self.protocol, tools=tools, tool_parser=parser,
-                               chat_template=self.chat_template, tokenization_check=self.tokenization_check)
+                               chat_template=self.chat_template, tokenization_check=self.tokenization_check,
+                               keep_kv_cache=self.keep_kv_cache)
 
 
 class EnvironmentReward(RewardSpec):

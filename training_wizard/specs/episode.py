@@ -36,7 +36,8 @@ class EpisodeSettings:
     it. The limits: max_turns, model replies per episode (text protocol); environment_timeout, seconds one tool
     call or environment step may take (past it the model reads an error and the episode goes on);
     max_tool_calling_iterations, rounds of tool calls per episode (tools protocol; None: until the budget). The
-    limit options take their defaults from here."""
+    limit options take their defaults from here. keep_kv_cache: the decode loop keeps each episode's KV cache
+    across its turns (rollout/kept_cache.py) instead of re-encoding the whole context every turn."""
 
     protocol: Literal["tools", "text"] = "tools"
     tools: tuple[Callable, ...] = ()
@@ -46,6 +47,7 @@ class EpisodeSettings:
     max_turns: int = 4
     environment_timeout: float = 60.0
     max_tool_calling_iterations: int | None = None
+    keep_kv_cache: bool = False
 
     def with_limits(self, options: Any) -> EpisodeSettings:
         """These settings under the limits `options` holds (a training config, or the eval recipe), which take the
