@@ -81,6 +81,8 @@ def test_auto_falls_back_to_merged_pushes_and_adapter_refuses_in_one_line(tokeni
     assert adapter_push(lora_policy(tokenizer), "merged", server=False, sleep_mode=False) is None
     with pytest.raises(UserError, match=r'^training.vllm_lora_push: "adapter" cannot push .*DoRA.*; use "auto"'):
         adapter_push(dora, "adapter", server=False, sleep_mode=False)
+    assert adapter_push(lora_policy(tokenizer), "auto", server=False, sleep_mode=False, cpu=True) is None
+    assert adapter_push(lora_policy(tokenizer), "adapter", server=False, sleep_mode=False, cpu=True) is not None
     push = adapter_push(lora_policy(tokenizer, r=12), "auto", server=False, sleep_mode=False)
     assert push.engine_arguments() == {"enable_lora": True, "max_lora_rank": 16, "max_loras": 1}
     assert [engine_lora_rank(rank) for rank in (1, 2, 16, 17, 512, 513)] == [1, 8, 16, 32, 512, None]

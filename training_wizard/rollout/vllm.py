@@ -225,7 +225,7 @@ class VLLMColocateBackend(_EngineOwnWeights):
         check_engine_can_run(base_model(model).config, sleep_mode)
         self._vllm = vllm
         # None: every push sends the whole (merged) weights
-        self.adapter = adapter_push(model, lora_push, server=False, sleep_mode=sleep_mode)
+        self.adapter = adapter_push(model, lora_push, server=False, sleep_mode=sleep_mode, cpu=on_cpu())
         lora_arguments = self.adapter.engine_arguments() if self.adapter is not None else {}
         with tempfile.TemporaryDirectory(prefix="training-wizard-vllm-") as folder:
             write_model_config(model, folder)

@@ -79,10 +79,14 @@ def adapter_push_refusal(model: torch.nn.Module, *, server: bool, sleep_mode: bo
     return None
 
 
-def adapter_push(model: torch.nn.Module, mode: LoraPush, *, server: bool, sleep_mode: bool) -> AdapterPush | None:
-    """The adapter push for `mode`: "merged" never, "auto" where the policy qualifies, "adapter" where it qualifies
-    and one line saying why not elsewhere (a policy without adapters has nothing to push but its weights)."""
-    if mode == "merged" or single_lora_config(model) is None and mode == "auto":
+def adapter_push(model: torch.nn.Module, mode: LoraPush, *, server: bool, sleep_mode: bool,
+                 cpu: bool = False) -> AdapterPush | None:
+    """The adapter push for `mode`: "merged" never, "auto" where the policy qualifies on a GPU, "adapter" where it
+    qualifies and one line saying why not elsewhere (a policy without adapters has nothing to push but its weights).
+
+    "auto" merges on vLLM's CPU build: it applies LoRA through plain torch kernels, and sampling from an adapter
+    there took about 4 times as long as from merged weights (BENCHMARKS.md), more than the push saves."""
+    if mode == "merged" or mode == "auto" and (cpu or single_lora_config(model) is None):
         return None
     refusal = adapter_push_refusal(model, server=server, sleep_mode=sleep_mode)
     if refusal is None:

@@ -18,8 +18,9 @@ class VLLMAdapterOptions(RunConfig):
         "frozen base weights once, then only the adapter, which vLLM applies through its LoRA layers (a fresh "
         "adapter id per push); refused where it cannot be (server mode, sleep mode, modules_to_save, trained base "
         'weights, DoRA, several adapters, or vLLM refusing the target modules). "merged": every weight, each adapter '
-        'folded into its base weight, every push. "auto": "adapter" where the policy and engine allow it, "merged" '
-        "elsewhere. Without LoRA the whole weights are pushed whatever this says.")
+        'folded into its base weight, every push. "auto": "adapter" on GPUs where the policy and engine allow it, '
+        '"merged" elsewhere and on CPU (vLLM\'s CPU build samples from an adapter several times slower). Without LoRA '
+        "the whole weights are pushed whatever this says.")
 
     @model_validator(mode="after")
     def _adapter_push_possible(self) -> VLLMAdapterOptions:
