@@ -11,7 +11,7 @@ the same completions whatever batch or process it is sampled in (tests/with_vllm
 Weights: the engine starts from the policy's config with dummy weights (`load_format = "dummy"`) and gets the
 policy's weights pushed in memory before its first sample and after every update (`push_weights`, one function).
 A LoRA policy is pushed with each adapter folded into its base weight (new tensors; the trained weights are not
-touched); nothing is ever reloaded from disk.
+touched), or, where vLLM's LoRA layers can take it, as its adapter alone (rollout/vllm_lora.py, `vllm_lora_push`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from training_wizard.errors import UserError
 from training_wizard.rollout.backends import GenerationBackend
 from training_wizard.rollout.generation import GenerationParams, Generated
+from training_wizard.rollout.vllm_lora import LoraPush, adapter_push
 
 # model -> its state_dict's (name, tensor) pairs, each tensor whole (Collectives.whole_state for sharded weights)
 WholeState = Callable[[torch.nn.Module], Iterator[tuple[str, torch.Tensor]]]
@@ -132,8 +133,10 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def checkpoint_weights(model: torch.nn.Module, whole: WholeState = local_state) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights of `model` under the names of its Hugging Face checkpoint, LoRA adapters folded in.
+def checkpoint_weights(model: torch.nn.Module, whole: WholeState = local_state,
+                       fold_adapters: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights of `model` under the names of its Hugging Face checkpoint, LoRA adapters folded in (or, with
+    `fold_adapters=False`, the base weights alone: what an engine applying the adapter itself takes).
 
     `whole(module)` gives the module's state with each tensor whole, one at a time (ZeRO-3 and FSDP2 shards are
     gathered: `Collectives.whole_state`); every process must call this alike. A peft LoRA linear layer stores
@@ -145,7 +148,7 @@ def checkpoint_weights(model: torch.nn.Module, whole: WholeState = local_state) 
 
     hf_model = base_model(model)
     lora = {}
-    if hf_model is not model:
+    if hf_model is not model and fold_adapters:
         layers = foldable_lora_layers(model)
         if layers is None:
             raise UserError("model.lora: under use_vllm only plain LoRA adapters on linear layers can be pushed to "
@@ -216,15 +219,19 @@ class VLLMColocateBackend(_EngineOwnWeights):
 
     def __init__(self, model: torch.nn.Module, *, max_model_len: int, seed: int, gpu_memory_utilization: float,
                  tensor_parallel_size: int, sleep_mode: bool, world_size: int, sampling_options: dict[str, Any],
-                 whole: WholeState = local_state):
+                 whole: WholeState = local_state, lora_push: LoraPush = "auto"):
         super().__init__(whole)  # dummy weights until the first push
         vllm = import_vllm()
         check_engine_can_run(base_model(model).config, sleep_mode)
         self._vllm = vllm
+        # None: every push sends the whole (merged) weights
+        self.adapter = adapter_push(model, lora_push, server=False, sleep_mode=sleep_mode, cpu=on_cpu())
+        lora_arguments = self.adapter.engine_arguments() if self.adapter is not None else {}
         with tempfile.TemporaryDirectory(prefix="training-wizard-vllm-") as folder:
             write_model_config(model, folder)
             self.engine = vllm.LLM(**self._engine_arguments(folder, model, max_model_len, seed, gpu_memory_utilization,
-                                                            tensor_parallel_size, sleep_mode, world_size))
+                                                            tensor_parallel_size, sleep_mode, world_size),
+                                   **lora_arguments)
         self.sleep_mode = sleep_mode
         self.sampling_options = sampling_options
 
@@ -244,22 +251,32 @@ class VLLMColocateBackend(_EngineOwnWeights):
     def sample(self, model, prompt_ids, prompt_mask, params, row_seeds, sharded=False, all_finished=None):
         requests = [{"prompt_token_ids": ids} for ids in prompt_token_lists(prompt_ids, prompt_mask)]
         per_row = [sampling_params(self._vllm, params, seed, self.sampling_options) for seed in row_seeds]
-        outputs = self.engine.generate(requests, per_row, use_tqdm=False)
+        adapter = self.adapter.request if self.adapter is not None else None
+        outputs = self.engine.generate(requests, per_row, use_tqdm=False, lora_request=adapter)
         if self.sleep_mode:
             self.engine.sleep(level=2)  # free weights and KV cache for the update; the next push brings them back
         return to_generated(sampled_rows(outputs), params.pad_token_id, prompt_ids.device)
 
     def push_weights(self, model: torch.nn.Module) -> None:
-        """Load the policy's current weights into the engine, in memory (vLLM's in-place `reload_weights`)."""
+        """Load the policy's current weights into the engine, in memory (vLLM's in-place `reload_weights`), or
+        only its adapter where the engine applies it (`self.adapter`)."""
         if self.sleep_mode:
             self.engine.wake_up(tags=["weights"])
-        self.engine.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": list(checkpoint_weights(model, self.whole)), "is_checkpoint_format": True},
-        )
+
+        def push_base() -> None:
+            self._reload(checkpoint_weights(model, self.whole, fold_adapters=False))
+
+        if self.adapter is not None and not self.adapter.push(self.engine, model, self.whole, push_base):
+            self.adapter = None  # vLLM refused the adapter under "auto": merged pushes from here on
+        if self.adapter is None:
+            self._reload(checkpoint_weights(model, self.whole))
         self.engine.reset_prefix_cache()
         if self.sleep_mode:
             self.engine.wake_up(tags=["kv_cache"])
+
+    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.engine.collective_rpc("reload_weights",
+                                   kwargs={"weights_iterator": list(weights), "is_checkpoint_format": True})
 
 
 class VLLMServerBackend(_EngineOwnWeights):

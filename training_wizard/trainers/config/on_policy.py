@@ -19,6 +19,7 @@ from training_wizard.trainers.config.hub import HubArguments
 from training_wizard.trainers.config.micro_batch_keys import TokenBudgetOptions
 from training_wizard.trainers.config.presentation import PresentationOptions
 from training_wizard.trainers.config.turn_keys import TurnCreditOptions
+from training_wizard.trainers.config.vllm_keys import VLLMAdapterOptions
 from training_wizard.trainers.config.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
 )
@@ -28,7 +29,7 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
-                     TurnCreditOptions, TokenBudgetOptions):
+                     TurnCreditOptions, TokenBudgetOptions, VLLMAdapterOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------

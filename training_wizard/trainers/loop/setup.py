@@ -236,6 +236,7 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
         seed=config.seed, gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         tensor_parallel_size=config.vllm_tensor_parallel_size, sleep_mode=config.vllm_enable_sleep_mode,
         world_size=accelerator.num_processes, sampling_options=options, whole=collectives.whole_state,
+        lora_push=config.vllm_lora_push,
     )
 
 
