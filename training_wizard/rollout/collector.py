@@ -36,7 +36,8 @@ from training_wizard.sharding import unwrap_model
 from training_wizard.specs.reward import FunctionLogs
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
-ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (prompt_ids, prompt_mask, completion_ids, completion_mask) -> (B, T)
+ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class SamplingSettings:
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/loop/setup.py decides)
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/loop/setup.py decides)
+    padding_free: bool = False  # every pass over completions packs its rows into one sequence (rollout/packing.py)
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
     reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)
@@ -222,7 +224,7 @@ class RolloutCollector:
             logprobs = self.logprobs_of(engine.model, prompt_ids, prompt_mask, responses, mask)
         ref_logprobs = (self._reference_logprobs(engine.model, prompt_ids, prompt_mask, responses, mask)
                         if settings.reference_logprobs else logprobs)  # no reference: KL exactly 0
-        extras = {name: run(prompt_ids, prompt_mask, responses) for name, run in self.extra_passes.items()}
+        extras = {name: run(prompt_ids, prompt_mask, responses, mask) for name, run in self.extra_passes.items()}
         return LogprobPasses(logprobs, ref_logprobs, extras, time.perf_counter() - started)
 
     def complete(self, request: RolloutRequest, sampled: Sampled, passes: LogprobPasses,
@@ -275,6 +277,7 @@ class RolloutCollector:
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
             share_prompts=settings.share_prompts, from_hidden_states=settings.head_logprobs,
+            padding_free=settings.padding_free,
         )
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
@@ -295,6 +298,7 @@ class RolloutCollector:
                 scores = classifier_scores(
                     self.reward, sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids,
                     sampled.completion_mask, self.settings.pad_token_id, self.settings.forward_batch_size,
+                    padding_free=self.settings.padding_free,
                 )
         else:
             columns = self._reward_columns(prompts, rows, sampled, episode)
