@@ -136,6 +136,9 @@ FAST_PATH = ("training.logprobs_from_sampling=true", "training.num_ppo_epochs=1"
 COMPILED_FAST_PATH = (*FAST_PATH, "training.torch_compile=true")
 # Batches sampled two iterations ahead: by the producer thread with one process, inline with two.
 ASYNC_BOUND_2 = ("training.async_rollouts=true", "training.max_staleness=2")
+# Padding-free packed forwards, with the policy's own logprob pass (the sampler's would leave the update and the
+# reference as the only packed passes).
+PADDING_FREE = ("training.padding_free=true", "training.logprobs_from_sampling=false")
 
 
 # Every case starts two processes twice (about 25-55 s on a 2-core machine): all run with -m slow, which .ci/run
@@ -152,7 +155,11 @@ ASYNC_BOUND_2 = ("training.async_rollouts=true", "training.max_staleness=2")
                           pytest.param("rloo", "false", FAST_PATH, id="fast_path", marks=pytest.mark.slow),
                           pytest.param("rloo", "false", COMPILED_FAST_PATH, id="fast_path_compiled",
                                        marks=pytest.mark.slow),
-                          pytest.param("rloo", "false", ASYNC_BOUND_2, id="async_bound_2", marks=pytest.mark.slow)])
+                          pytest.param("rloo", "false", ASYNC_BOUND_2, id="async_bound_2", marks=pytest.mark.slow),
+                          pytest.param("rloo", "false", PADDING_FREE, id="padding_free", marks=pytest.mark.slow),
+                          pytest.param("ppo", "false", PADDING_FREE, id="ppo_padding_free", marks=pytest.mark.slow),
+                          pytest.param("grpo-episodes", "false", PADDING_FREE, id="grpo_episodes_padding_free",
+                                       marks=pytest.mark.slow)])
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
     if algorithm == "grpo":  # completions of different lengths, some cut off: the token counts differ by process
         tiny_model_dir = eos_prone_copy(tiny_model_dir, tmp_path / "eos-prone")
@@ -233,7 +240,8 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("options", [pytest.param((), id="default", marks=pytest.mark.slow),
                                      pytest.param(FAST_PATH, id="fast_path", marks=pytest.mark.slow),
-                                     pytest.param(COMPILED_FAST_PATH, id="fast_path_compiled", marks=pytest.mark.slow)])
+                                     pytest.param(COMPILED_FAST_PATH, id="fast_path_compiled", marks=pytest.mark.slow),
+                                     pytest.param(PADDING_FREE, id="padding_free", marks=pytest.mark.slow)])
 def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir, options):
     """SIGTERM one rank of a 2-process run after its second iteration: both ranks stop at the same point with a
     checkpoint; the resumed run ends with the same weights as a run that never stopped. The main process picks
