@@ -1,7 +1,7 @@
 """PPO, GRPO and GRPO on episodes of several turns through the CLI: kill -9 inside generation, the update and a
 save, each followed by a resume from `latest`, ends bit for bit where an uninterrupted run of the same algorithm
-ends (weights, including PPO's value model, Adam state, metrics). RLOO has its own, longer schedule of kills in test_kill_resume.py.
-The "-padding_free" variants run every pass over completions packed (training.padding_free)."""
+ends (weights, including PPO's value model, Adam state, metrics). RLOO has its own, longer schedule of kills in
+test_kill_resume.py. The "-padding_free" variants run every pass over completions packed (training.padding_free)."""
 
 import signal
 
