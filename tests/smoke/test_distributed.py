@@ -139,6 +139,13 @@ ASYNC_BOUND_2 = ("training.async_rollouts=true", "training.max_staleness=2")
 # Micro-batches by tokens: rows of different lengths, split unevenly and differently on each process (which then
 # agree on a number of micro-batches per step and pad with passes of weight 0).
 TOKEN_BUDGET = ("training.max_tokens_per_micro_batch=60",)
+# Padding-free packed forwards, with the policy's own logprob pass (the sampler's would leave the update and the
+# reference as the only packed passes), under eager attention: there a packed row's numbers are bitwise the padded
+# row's (tests/unit/test_padding_free.py), and two processes end 7.5e-7 from one (padded under SDPA: 4.9e-7). Under
+# SDPA on a CPU the packed mask's attention rounds a row by the rows packed with it, which differ with the process
+# count, and Adam carries that into the weights: 2.7e-5 apart after three iterations, past this test's 1e-5.
+PADDING_FREE = ("training.padding_free=true", "training.logprobs_from_sampling=false",
+                "model.attn_implementation=eager")
 
 
 # Every case starts two processes twice (about 25-55 s on a 2-core machine): all run with -m slow, which .ci/run
@@ -158,6 +165,12 @@ TOKEN_BUDGET = ("training.max_tokens_per_micro_batch=60",)
                           pytest.param("rloo", "false", ASYNC_BOUND_2, id="async_bound_2", marks=pytest.mark.slow),
                           pytest.param("grpo", "false", TOKEN_BUDGET, id="grpo_token_budget", marks=pytest.mark.slow),
                           pytest.param("grpo-episodes", "false", TOKEN_BUDGET, id="grpo_episodes_token_budget",
+                                       marks=pytest.mark.slow),
+                          pytest.param("rloo", "false", (*TOKEN_BUDGET, *PADDING_FREE), id="rloo_both_keys",
+                                       marks=pytest.mark.slow),
+                          pytest.param("rloo", "false", PADDING_FREE, id="padding_free", marks=pytest.mark.slow),
+                          pytest.param("ppo", "false", PADDING_FREE, id="ppo_padding_free", marks=pytest.mark.slow),
+                          pytest.param("grpo-episodes", "false", PADDING_FREE, id="grpo_episodes_padding_free",
                                        marks=pytest.mark.slow)])
 def test_two_processes_match_one_process(tmp_path, tiny_model_dir, algorithm, token_level, overrides):
     if algorithm == "grpo":  # completions of different lengths, some cut off: the token counts differ by process
@@ -240,7 +253,10 @@ def test_user_error_on_one_rank_stops_all_ranks(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("options", [pytest.param((), id="default", marks=pytest.mark.slow),
                                      pytest.param(FAST_PATH, id="fast_path", marks=pytest.mark.slow),
                                      pytest.param(COMPILED_FAST_PATH, id="fast_path_compiled", marks=pytest.mark.slow),
-                                     pytest.param(TOKEN_BUDGET, id="token_budget", marks=pytest.mark.slow)])
+                                     pytest.param(TOKEN_BUDGET, id="token_budget", marks=pytest.mark.slow),
+                                     pytest.param(PADDING_FREE, id="padding_free", marks=pytest.mark.slow),
+                                     pytest.param((*TOKEN_BUDGET, *PADDING_FREE), id="both_keys",
+                                                  marks=pytest.mark.slow)])
 def test_two_process_run_resumes_exactly(tmp_path, tiny_model_dir, options):
     """SIGTERM one rank of a 2-process run after its second iteration: both ranks stop at the same point with a
     checkpoint; the resumed run ends with the same weights as a run that never stopped. The main process picks

@@ -73,9 +73,10 @@ def padded_row_lengths(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -
     return list(zip(prompt.tolist(), response.tolist()))
 
 
-def token_budget_chunks(prompt_mask: torch.Tensor, response_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """The row indices of each padded chunk of a pass over left-padded prompts and right-padded responses under a
-    token budget (`micro_batches` of `padded_row_lengths`). prompt_mask (B, P), response_mask (B, T) -> long
+def token_budget_chunks(prompt_mask: torch.Tensor, response_mask: torch.Tensor, budget: int,
+                        padded: bool = True) -> list[torch.Tensor]:
+    """The row indices of each chunk of a pass over left-padded prompts and right-padded responses under a token
+    budget (`micro_batches` of `padded_row_lengths`; `padded` False: the chunk is packed, its real tokens count). prompt_mask (B, P), response_mask (B, T) -> long
     index tensors."""
-    groups = micro_batches(padded_row_lengths(prompt_mask, response_mask), budget)
+    groups = micro_batches(padded_row_lengths(prompt_mask, response_mask), budget, padded=padded)
     return [torch.tensor(group, dtype=torch.long, device=prompt_mask.device) for group in groups]

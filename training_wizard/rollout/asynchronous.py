@@ -205,7 +205,7 @@ def refreshed_for_current_weights(collector: RolloutCollector, batch: Trajectory
             if policy_pass:
                 logprobs = collector.logprobs_of(engine.model, batch.prompt_ids, batch.prompt_mask,
                                                  batch.completion_ids, batch.completion_mask)
-            extras = {name: run(batch.prompt_ids, batch.prompt_mask, batch.completion_ids)
+            extras = {name: run(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
                       for name, run in collector.extra_passes.items()}
         timings["refresh"] = time.perf_counter() - started  # the training thread's part
     behaviour = batch.sampling_logprobs if batch.sampling_logprobs is not None else batch.logprobs

@@ -36,7 +36,8 @@ from training_wizard.sharding import unwrap_model
 from training_wizard.specs.reward import FunctionLogs
 
 # fn(prompt_ids (B, P), prompt_mask (B, P), responses (B, T)) -> (B, T) float32, run without gradients.
-ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (prompt_ids, prompt_mask, completion_ids, completion_mask) -> (B, T)
+ExtraPass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class SamplingSettings:
     logprobs_from_sampling: bool = False  # the policy's logprobs from the sampling pass, not a second forward pass
     share_prompts: bool = True  # a prompt's samples share one pass over it (trainers/loop/setup.py decides)
     head_logprobs: bool = True  # logprobs from the final hidden states, no whole logits (trainers/loop/setup.py decides)
+    padding_free: bool = False  # every pass over completions packs its rows into one sequence (rollout/packing.py)
     filters: SamplingFilters | None = None  # top_k, top_p, min_p, repetition_penalty
     reference_logprobs: bool = True  # False (GRPO with beta 0): no reference pass; ref_logprobs are the policy's
     reward_timeout: float = float("inf")  # seconds a reward spec may take to score one batch (timeouts.py)
@@ -277,7 +279,7 @@ class RolloutCollector:
         return batched_logprobs(
             model, prompt_ids, prompt_mask, responses, mask, settings.temperature, settings.forward_batch_size,
             share_prompts=settings.share_prompts, from_hidden_states=settings.head_logprobs,
-            max_tokens=settings.max_tokens_per_forward,
+            max_tokens=settings.max_tokens_per_forward, padding_free=settings.padding_free,
         )
 
     def _extra_pass(self, run: ExtraPass, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
@@ -285,11 +287,12 @@ class RolloutCollector:
         similar length, each cut to its content (0 after a chunk's last real token: no loss reads it)."""
         budget = self.settings.max_tokens_per_forward
         if budget is None:
-            return run(prompt_ids, prompt_mask, responses)
+            return run(prompt_ids, prompt_mask, responses, mask)
         out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
-        for part in forward_chunks(prompt_mask, mask, len(mask), budget):
+        for part in forward_chunks(prompt_mask, mask, len(mask), budget, padded=not self.settings.padding_free):
             first, end = content_columns(prompt_mask[part], mask[part])
-            out[part, :end] = run(prompt_ids[part, first:], prompt_mask[part, first:], responses[part, :end])
+            out[part, :end] = run(prompt_ids[part, first:], prompt_mask[part, first:], responses[part, :end],
+                                  mask[part, :end])
         return out
 
     def _reference_logprobs(self, model, prompt_ids, prompt_mask, responses, mask) -> torch.Tensor:
@@ -310,7 +313,7 @@ class RolloutCollector:
                 scores = classifier_scores(
                     self.reward, sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids,
                     sampled.completion_mask, self.settings.pad_token_id, self.settings.forward_batch_size,
-                    max_tokens=self.settings.max_tokens_per_forward,
+                    max_tokens=self.settings.max_tokens_per_forward, padding_free=self.settings.padding_free,
                 )
         else:
             columns = self._reward_columns(prompts, rows, sampled, episode)

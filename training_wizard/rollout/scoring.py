@@ -15,6 +15,9 @@ import torch
 
 from training_wizard.core.logprobs import TokenLogprobs, head_logprobs, logprobs_and_entropy, selective_logprobs
 from training_wizard.core.micro_batches import token_budget_chunks
+from training_wizard.rollout.packing import (
+    completion_prefix, last_token_positions, pack_rows, packed_forward, score_layer, unpack,
+)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -119,16 +122,19 @@ def _output_layer_skipped(head: torch.nn.Linear | None):
 
 def response_token_logprobs(
     model: torch.nn.Module, prompt_ids, prompt_mask, responses, temperature: float, *, share_prompts: bool,
-    from_hidden_states: bool, prompt_model: torch.nn.Module | None = None,
+    from_hidden_states: bool, prompt_model: torch.nn.Module | None = None, packed_by: torch.Tensor | None = None,
 ) -> TokenLogprobs:
     """Logprobs and entropy of each response token under `model`: `shared_prompt_logits` (with `share_prompts`)
     or `response_logits`, then `logprobs_and_entropy`. With `from_hidden_states`, and a model whose output layer
     is plain (`plain_output_head`), the forward pass stops at the final hidden states and `head_logprobs` applies
     the output layer a chunk at a time, so no (B, T, V) logits are ever held. Callers pass False for both flags
     where the model is sharded or compiled (trainers/loop/setup.py): a sharded output layer holds its weight only
-    inside the model's forward, and the number of passes must not depend on the data.
+    inside the model's forward, and the number of passes must not depend on the data. `packed_by`: the (B, T)
+    completion mask of a padding-free pass (`packed_token_logprobs`, which shares no prompts).
     """
     head = plain_output_head(model) if from_hidden_states else None
+    if packed_by is not None:
+        return packed_token_logprobs(model, prompt_ids, prompt_mask, responses, packed_by, temperature, head)
     out, skipped = _final_output(model, prompt_ids, prompt_mask, responses, share_prompts, head, prompt_model)
     if head is None:
         return logprobs_and_entropy(out, responses, temperature)
@@ -145,6 +151,24 @@ def _final_output(model, prompt_ids, prompt_mask, responses, share_prompts: bool
         else:
             output = response_logits(model, prompt_ids, prompt_mask, responses)
     return output, skipped
+
+
+def packed_token_logprobs(model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask,
+                          temperature: float, head: torch.nn.Linear | None) -> TokenLogprobs:
+    """`response_token_logprobs` of one padding-free packed pass (rollout/packing.py): each row's real prompt tokens
+    and its completion up to its last real token, as one sequence. The output (logits, or with `head` the final
+    hidden states) is kept only at the positions predicting a packed completion token, and those go through the
+    same chunked output layer as one token per row. -> (B, T), 0 at every position not packed."""
+    packed = pack_rows(prompt_ids, prompt_mask, responses, completion_prefix(response_mask))
+    with _output_layer_skipped(head) as skipped:
+        output = packed_forward(model, packed, logits_to_keep=packed.predictors).logits[0].unsqueeze(1)  # (M, 1, *)
+    tokens = packed.tokens.unsqueeze(1)  # (M, 1)
+    if head is None:
+        token = logprobs_and_entropy(output, tokens, temperature)
+    else:
+        with skipped.same_precision():
+            token = head_logprobs(output, head, tokens, temperature)
+    return TokenLogprobs(unpack(token.logprobs[:, 0], packed.kept), unpack(token.entropy[:, 0], packed.kept))
 
 
 def content_columns(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[int, int]:
@@ -273,6 +297,7 @@ def _checkpointed_layers_keep_cache(model: torch.nn.Module):
 def batched_logprobs(
     model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, temperature: float, batch_size: int,
     share_prompts: bool = True, from_hidden_states: bool = True, max_tokens: int | None = None,
+    padding_free: bool = False,
 ) -> torch.Tensor:
     """Per-token logprobs of the responses under `model`, `batch_size` rows at a time, each chunk cut to its
     content (`content_columns`). -> (B, T) float32, 0 after every row's last real token of the chunk.
@@ -282,15 +307,20 @@ def batched_logprobs(
     With `share_prompts` the rows of one prompt go into the same chunk and share one pass over their prompt
     (`shared_prompt_logits`): with k samples per prompt the prompt tokens cost 1/k of a pass. Callers whose
     model is sharded pass False: there every forward pass is a collective, and the number of passes would then
-    depend on the data each process holds. `from_hidden_states`: see `response_token_logprobs`.
+    depend on the data each process holds. `from_hidden_states`: see `response_token_logprobs`. `padding_free`:
+    each chunk is one packed pass (`packed_token_logprobs`; 0 after each row's last real token).
     """
     out = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
     head = plain_output_head(model) if from_hidden_states else None
     # rows grouped by prompt (stable: without repeats, or without sharing, the order stays as it is)
     order = torch.argsort(distinct_rows(prompt_ids, prompt_mask)[1], stable=True) if share_prompts else None
-    for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens, order):
+    for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens, order, padded=not padding_free):
         first, end = content_columns(prompt_mask[part], response_mask[part])
         ids, kept = responses[part, :end], slice(first, None)
+        if padding_free:
+            out[part, :end] = packed_token_logprobs(model, prompt_ids[part, kept], prompt_mask[part, kept], ids,
+                                                    response_mask[part, :end], temperature, head).logprobs
+            continue
         output, skipped = _final_output(model, prompt_ids[part, kept], prompt_mask[part, kept], ids, share_prompts,
                                         head)
         if head is None:
@@ -302,11 +332,13 @@ def batched_logprobs(
     return out
 
 
-def forward_chunks(prompt_mask, response_mask, batch_size: int, max_tokens: int | None = None, order=None) -> list:
+def forward_chunks(prompt_mask, response_mask, batch_size: int, max_tokens: int | None = None, order=None,
+                   padded: bool = True) -> list:
     """The rows of each chunk of a no-grad pass: `batch_size` rows at a time (in `order` when given, else as
-    slices), or with `max_tokens` rows of similar length up to that many tokens a chunk (order unused)."""
+    slices), or with `max_tokens` rows of similar length up to that many tokens a chunk (order unused; `padded`
+    False counts a packed chunk's real tokens, see `core/micro_batches.py`)."""
     if max_tokens is not None:
-        return token_budget_chunks(prompt_mask, response_mask, max_tokens)
+        return token_budget_chunks(prompt_mask, response_mask, max_tokens, padded=padded)
     starts = range(0, prompt_mask.shape[0], batch_size)
     if order is not None:
         return [order[start : start + batch_size] for start in starts]
@@ -316,17 +348,23 @@ def forward_chunks(prompt_mask, response_mask, batch_size: int, max_tokens: int 
 @torch.no_grad()
 def classifier_scores(
     model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask, pad_token_id: int, batch_size: int,
-    max_tokens: int | None = None,
+    max_tokens: int | None = None, padding_free: bool = False,
 ) -> torch.Tensor:
     """Scores of a sequence classifier that shares the policy's tokenizer, read at the last real token. -> (B,).
-    `max_tokens`: chunks by tokens (`forward_chunks`), each cut to its content (`content_columns`)."""
+    `max_tokens`: chunks by tokens (`forward_chunks`), each cut to its content (`content_columns`);
+    `padding_free`: each chunk is one packed pass (`packed_classifier_scores`)."""
     if max_tokens is not None:
         scores = torch.zeros(responses.shape[0], dtype=torch.float32, device=responses.device)
-        for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens):
+        for part in forward_chunks(prompt_mask, response_mask, batch_size, max_tokens, padded=not padding_free):
             first, end = content_columns(prompt_mask[part], response_mask[part])
             scores[part] = classifier_scores(model, prompt_ids[part, first:], prompt_mask[part, first:],
-                                             responses[part, :end], response_mask[part, :end], pad_token_id, len(part))
+                                             responses[part, :end], response_mask[part, :end], pad_token_id, len(part),
+                                             padding_free=padding_free)
         return scores
+    if padding_free:
+        return torch.cat([packed_classifier_scores(model, prompt_ids[part], prompt_mask[part], responses[part],
+                                                   response_mask[part], pad_token_id)
+                          for part in torch.arange(responses.shape[0], device=responses.device).split(batch_size)])
     ids = torch.cat([prompt_ids, torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))], 1)
     mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
     scores = []
@@ -335,3 +373,16 @@ def classifier_scores(
         logits = model(input_ids=ids[part], attention_mask=mask[part], position_ids=position_ids_from_mask(mask[part])).logits
         scores.append(logits[:, 0].float())
     return torch.cat(scores)
+
+
+def packed_classifier_scores(model: torch.nn.Module, prompt_ids, prompt_mask, responses, response_mask,
+                             pad_token_id: int) -> torch.Tensor:
+    """`classifier_scores` of one padding-free packed pass: the real tokens of each row as one sequence, the
+    classifier's `score` layer applied to the final hidden state where it would pool the row
+    (`packing.last_token_positions`, with the model's own padding id). -> (B,) float32."""
+    responses = torch.where(response_mask, responses, torch.full_like(responses, pad_token_id))
+    packed = pack_rows(prompt_ids, prompt_mask, responses, response_mask)
+    hidden = packed_forward(model, packed, output_hidden_states=True).hidden_states[-1][0]  # (N, H)
+    config = getattr(model, "module", model).config
+    pooled = last_token_positions(packed, config.get_text_config().pad_token_id)
+    return score_layer(model)(hidden[pooled])[:, 0].float()

@@ -68,11 +68,11 @@ class PPOTrainer(OnPolicyTrainer):
         return replace(settings, score_without_stop=self.config.penalty_reward_value)
 
     def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
-        def values(prompt_ids, prompt_mask, responses):
+        def values(prompt_ids, prompt_mask, responses, response_mask):
             model = unwrap_model(self.accelerator, self.trained_models["value_model"])
             model.eval()
             with torch.no_grad():
-                return value_logits(model, prompt_ids, prompt_mask, responses)
+                return value_logits(model, prompt_ids, prompt_mask, responses, self._packed_by(response_mask))
 
         return {"values": values}
 
@@ -93,8 +93,12 @@ class PPOTrainer(OnPolicyTrainer):
     def micro_batch_loss(self, rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor],
                          forward: PolicyForward, step_totals=None) -> MicroBatchLoss:
         values = value_logits(self.update_forward["value_model"], rows["prompt_ids"], rows["prompt_mask"],
-                              rows["completion_ids"])
+                              rows["completion_ids"], self._packed_by(rows["completion_mask"]))
         return ppo_loss(rows, shaped, forward, values, self.config)
+
+    def _packed_by(self, completion_mask: torch.Tensor) -> torch.Tensor | None:
+        """The value passes' `packed_by`: the completion mask where `padding_free` packs them, else None."""
+        return completion_mask if self.config.padding_free else None
 
 
 def ppo_loss(rows: dict[str, torch.Tensor], shaped: dict[str, torch.Tensor], forward: PolicyForward,

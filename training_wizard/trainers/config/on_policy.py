@@ -144,6 +144,10 @@ class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOption
         "dynamic shapes. The first update pays the compilation (about a minute for a 25M model on a 2-core CPU); "
         "generation and the no-grad logprob passes stay eager. One process or plain data parallel only.",
     )
+    padding_free: bool = Field(False, description="Padding-free packed forwards: every pass over completions (policy "
+        "and reference logprobs, the update, PPO's values, a reward model) runs its rows as one sequence, no padding "
+        "(veRL: use_remove_padding; OpenRLHF: --ds.packing_samples; NeMo-RL: sequence_packing); no prompt is then "
+        "shared. Llama, Mistral, Qwen2/3 models; not with DeepSpeed, FSDP or torch_compile. docs/performance.md.")
     logprobs_from_sampling: bool | Literal["auto"] = Field(
         "auto",
         description="Take the policy's rollout logprobs (KL penalty, the ratio's old side) from the logits that "

@@ -159,6 +159,7 @@ class OnPolicyTrainer(UpdateLoop):
             gather_weights_for_generation=config.ds3_gather_for_generation,
             logprobs_from_sampling=self.logprobs_from_sampling,
             share_prompts=self.shared_prompt_passes, head_logprobs=self.rollout_head_logprobs,
+            padding_free=config.padding_free,
             reference_logprobs=config.uses_reference, filters=config.sampling_filters(),
             reward_timeout=config.reward_timeout, max_tokens_per_forward=config.max_tokens_per_micro_batch,
         )

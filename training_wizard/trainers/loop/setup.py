@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 from training_wizard.errors import UserError
+from training_wizard.rollout.packing import unpackable_reason
 from training_wizard.rollout.backends import DecodeLoopBackend, GenerationBackend
 from training_wizard.sharding import (
     DeepSpeedStepGuard, check_supported, engine_kind, is_partitioned, prepare_frozen, wait_for_each_zero3_gather,
@@ -38,7 +39,8 @@ class PreparedModels:
     the same for the update's forward, which also keeps the per-row pass under torch_compile (it traces that one).
     rollout_head_logprobs and update_head_logprobs: whether those passes take logprobs from the final hidden states
     with the output layer applied a chunk at a time (`scoring.response_token_logprobs`), under the same
-    conditions: a sharded output layer holds its weight only inside the model's forward."""
+    conditions: a sharded output layer holds its weight only inside the model's forward. With `padding_free` no
+    pass shares prompts (rollout/packing.py)."""
 
     trained: dict[str, torch.nn.Module]
     update_forward: dict[str, torch.nn.Module]
@@ -78,6 +80,8 @@ def prepare_models(
         ref_policy = copy.deepcopy(policy)  # a frozen copy of the starting policy is the reference
     check_supported(accelerator, trained)
     check_engine_options(accelerator, config)
+    if config.padding_free:
+        check_packable(accelerator, config, [*trained.values(), ref_policy, reward])
     if config.gradient_checkpointing:
         for model in trained.values():
             enable_activation_checkpointing(model)
@@ -103,8 +107,8 @@ def prepare_models(
         reward=prepare_frozen(accelerator, reward) if isinstance(reward, torch.nn.Module) else reward,
         uses_adapter_as_reference=uses_adapter_as_reference,
         deepspeed_guard=guard,
-        shared_prompt_passes=not engine_kind(accelerator),
-        update_shares_prompts=not (engine_kind(accelerator) or config.torch_compile),
+        shared_prompt_passes=not (engine_kind(accelerator) or config.padding_free),
+        update_shares_prompts=not (engine_kind(accelerator) or config.torch_compile or config.padding_free),
         rollout_head_logprobs=not engine_kind(accelerator),
         update_head_logprobs=not (engine_kind(accelerator) or config.torch_compile),
     )
@@ -120,6 +124,18 @@ def check_engine_options(accelerator: Accelerator, config: OnPolicyConfig) -> No
                         f"{accelerator.distributed_type.name} (its engine counts micro-batches itself, and a sharded "
                         "model needs the same forward passes on every process); unset it, or train with plain data "
                         "parallel")
+
+
+def check_packable(accelerator: Accelerator, config: OnPolicyConfig, models: list) -> None:
+    """`padding_free` only where every model a packed pass runs keeps packed rows apart, with one line naming the
+    key otherwise. Not under DeepSpeed or FSDP, nor with torch_compile: untested there."""
+    if engine_kind(accelerator) or config.torch_compile:
+        where = accelerator.distributed_type.name if engine_kind(accelerator) else "torch_compile"
+        raise UserError(f"training.padding_free: not supported with {where}; set padding_free = false")
+    for model in models:
+        reason = unpackable_reason(model) if isinstance(model, torch.nn.Module) else None
+        if reason is not None:
+            raise UserError(f"training.padding_free: {reason}; set padding_free = false")
 
 
 def resolve_logprobs_from_sampling(config: OnPolicyConfig, accelerator: Accelerator, policy: torch.nn.Module) -> bool:

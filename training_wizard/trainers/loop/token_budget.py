@@ -75,7 +75,8 @@ class TokenBudgetSteps:
         for first in range(0, self.plan.local_batch_size, size):
             index = order[first : first + size]
             lengths = padded_row_lengths(rollout.prompt_mask[index], rollout.completion_mask[index])
-            splits.append([index[group] for group in micro_batches(lengths, budget)])
+            packed = self.config.padding_free  # a packed micro-batch costs its real tokens, not rows x width
+            splits.append([index[group] for group in micro_batches(lengths, budget, padded=not packed)])
         counts = torch.tensor([len(split) for split in splits], device=self.accelerator.device)
         agreed = self.collectives.max(counts).tolist()
         empty = order[:0]

@@ -156,7 +156,8 @@ class UpdateLoop(TokenBudgetSteps):
         token = response_token_logprobs(
             self.update_forward["model"], rows["prompt_ids"], rows["prompt_mask"], rows["completion_ids"],
             config.temperature, share_prompts=self.share_prompts_in_update,
-            from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy)
+            from_hidden_states=self.head_logprobs_in_update, prompt_model=self.unwrapped_policy,
+            packed_by=rows["completion_mask"] if config.padding_free else None)
         old = token.logprobs.detach() if config.single_update_pass else rows["logprobs"]
         correction = None
         # a batch sampled off-policy is always corrected; the vLLM gap alone when the option says so
