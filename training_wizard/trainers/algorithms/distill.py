@@ -3,8 +3,8 @@ Distillation of Language Models", Agarwal et al. 2024; the sampled-token form of
 distillation). Math in core/distillation.py.
 
 What distillation adds to the loop in trainers/loop/on_policy.py:
-- the teacher: a frozen model prepared like the reference (`prepare_frozen`: sharded under ZeRO-3 and FSDP2);
-- rollout, sampled-token forms: the teacher's logprob of every sampled token, one no-grad pass (`extras`);
+- the teacher: a frozen model prepared like the reference (trainers/loop/teacher.py: sharded under ZeRO-3 and
+  FSDP2); in the sampled-token forms its logprob of every sampled token comes from one no-grad rollout pass;
 - step 6, `shape_rewards`: no reward is needed. The sampled-token forms turn each loss token's reverse KL
   estimate into its negative advantage; the JSD reads no advantage (zeros);
 - step 7, `micro_batch_loss`: "jsd" runs the teacher over the micro-batch (no grad) and takes TRL's generalized
@@ -27,16 +27,14 @@ from training_wizard.core.distillation import generalized_jsd, sampled_token_rev
 from training_wizard.core.grpo import GRPOLossOptions, StepTokens, aggregate_loss, per_token_loss
 from training_wizard.core.logprobs import logprobs_and_entropy, selective_logprobs
 from training_wizard.errors import UserError
-from training_wizard.rollout.scoring import batched_logprobs, response_logits
+from training_wizard.rollout.scoring import response_logits
 from training_wizard.rollout.trajectory import TrajectoryBatch
-from training_wizard.sharding import prepare_frozen
 from training_wizard.trainers.algorithms.group import GroupTrainer
 from training_wizard.trainers.config.distill import DistillationConfig
 from training_wizard.trainers.loop.iteration_metrics import TRLRewardInputs
-from training_wizard.trainers.loop.setup import disable_dropout
+from training_wizard.trainers.loop.teacher import TEACHER_LOGPROBS, loss_token_sums
 from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward
 
-TEACHER_LOGPROBS = "teacher_logprobs"  # the rollout's per-token pass of the sampled-token forms (`extras`)
 
 
 @dataclass
@@ -70,13 +68,6 @@ def check_same_vocabulary(student: torch.nn.Module, teacher: torch.nn.Module) ->
                         "distillation needs a teacher with the student's tokenizer and vocabulary")
 
 
-def loss_token_sums(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each row's sum over its loss tokens, (B, T) -> (B,) float32, accumulated in float64: float32 sums round
-    differently with the row's width and where its zeros sit (an environment's tokens), float64 sums of a row's
-    float32 values do not (they are exact up to far below float32's precision)."""
-    return torch.where(mask.bool(), values, 0.0).double().sum(-1).float()
-
-
 class DistillationTrainer(GroupTrainer):
     """The student (`policy`) samples, the `teacher_model` scores the same tokens, the student learns the divergence.
 
@@ -92,33 +83,10 @@ class DistillationTrainer(GroupTrainer):
         if teacher_model is None:
             raise UserError("teacher_model: required (the model whose distribution the student learns)")
         check_same_vocabulary(policy, teacher_model)
-        self.unprepared_teacher = teacher_model
         if reward_model is None and rest.get("environment_factory") is None:
             reward_model = no_reward
         super().__init__(config=config, tokenizer=tokenizer, policy=policy, reward_model=reward_model,
-                         train_dataset=train_dataset, **rest)
-
-    def _setup_models(self, policy, ref_policy, additional_models) -> None:
-        """The shared set-up, then the teacher frozen and placed like the reference (before the collector, whose
-        extra pass reads it)."""
-        super()._setup_models(policy, ref_policy, additional_models)
-        disable_dropout(self.unprepared_teacher)
-        self.teacher = prepare_frozen(self.accelerator, self.unprepared_teacher)
-        del self.unprepared_teacher
-
-    # -- the rollout's teacher pass (sampled-token forms) -------------------------------------------------------
-    def extra_rollout_passes(self):
-        if self.config.sampled_estimator is None:
-            return {}  # the JSD runs the teacher per micro-batch in the update instead
-
-        def teacher_logprobs(prompt_ids, prompt_mask, responses):
-            # every column is read (an episode's environment tokens are context); the loss mask picks the tokens
-            return batched_logprobs(self.teacher, prompt_ids, prompt_mask, responses, torch.ones_like(responses),
-                                    self.config.temperature, self.config.local_rollout_forward_batch_size,
-                                    share_prompts=self.shared_prompt_passes,
-                                    from_hidden_states=self.rollout_head_logprobs)
-
-        return {TEACHER_LOGPROBS: teacher_logprobs}
+                         train_dataset=train_dataset, teacher_model=teacher_model, **rest)
 
     # -- step 6 ------------------------------------------------------------------------------------------------
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:

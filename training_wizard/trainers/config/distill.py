@@ -67,6 +67,9 @@ class DistillationConfig(OnPolicyConfig):
     def _distillation_options(self) -> DistillationConfig:
         if self.whiten_rewards:
             raise ValueError("whiten_rewards is an RLOO/PPO option; distillation has no scalar reward to whiten")
+        if self.distillation_coef != 0.0:
+            raise ValueError("distillation_coef adds a teacher's term to an RL algorithm's reward; distillation's "
+                             "loss is the teacher's divergence already (distillation_loss), leave it at 0")
         return self
 
     def group_size(self) -> int:
@@ -75,6 +78,10 @@ class DistillationConfig(OnPolicyConfig):
     @property
     def uses_reference(self) -> bool:
         return False
+
+    @property
+    def teacher_logprobs_in_rollout(self) -> bool:
+        return self.sampled_estimator is not None  # the JSD runs the teacher per micro-batch in the update instead
 
     @property
     def sampled_estimator(self) -> str | None:

@@ -17,6 +17,7 @@ from training_wizard.trainers.config.async_keys import AsyncRolloutOptions
 from training_wizard.trainers.config.environment_keys import EnvironmentFailureOptions
 from training_wizard.trainers.config.hub import HubArguments
 from training_wizard.trainers.config.presentation import PresentationOptions
+from training_wizard.trainers.config.teacher_keys import TeacherOptions
 from training_wizard.trainers.config.turn_keys import TurnCreditOptions
 from training_wizard.trainers.config.batch_plan import (
     BatchPlan, derive_batch_plan, mini_batches_from_generation_batch_size, mini_batches_from_steps_per_generation,
@@ -27,7 +28,7 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
-                     TurnCreditOptions):
+                     TurnCreditOptions, TeacherOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------
