@@ -185,9 +185,9 @@ class OnPolicyTrainer(UpdateLoop):
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None,
                       additional_models: dict[str, torch.nn.Module], teacher: torch.nn.Module | None = None) -> None:
         """trainers/loop/setup.py prepares every model; its record becomes the trainer's public attributes."""
-        self.teacher = prepare_teacher(self.accelerator, self.config, teacher)
         models = prepare_models(self.accelerator, self.config, self.plan.num_iterations,
                                 {"model": policy, **additional_models}, ref_policy, self.reward)
+        self.teacher = prepare_teacher(self.accelerator, self.config, teacher)  # after DeepSpeed's configuration
         self.trained_models, self.update_forward = models.trained, models.update_forward
         self.policy = self.trained_models["model"]
         self.optimizer, self.lr_scheduler = models.optimizer, models.lr_scheduler
