@@ -33,7 +33,7 @@ distillation_loss = "{form}"
 beta = 0.5
 per_device_train_batch_size = {batch}
 gradient_accumulation_steps = {accumulation}
-num_mini_batches = 2
+num_mini_batches = {mini_batches}
 num_ppo_epochs = 2
 total_episodes = {episodes}
 max_completion_length = 6
@@ -45,7 +45,7 @@ save_steps = 1
 
 
 def write_recipe(folder: Path, model_dir: Path, name: str, form: str, batch: int = 2, accumulation: int = 2,
-                 episodes: int = 96, lora: str = "") -> Path:
+                 episodes: int = 96, lora: str = "", mini_batches: int = 2) -> Path:
     """8 completions per iteration by default (2 x 2 accumulation x 2 mini-batches), 12 iterations over 6
     prompts; the teacher is another tiny model of the same tokenizer."""
     from training_wizard.testing import save_tiny_model
@@ -56,7 +56,8 @@ def write_recipe(folder: Path, model_dir: Path, name: str, form: str, batch: int
         save_tiny_model(teacher, seed=3)
     recipe = folder / f"{name}.toml"
     recipe.write_text(RECIPE.format(out=folder / name, model=model_dir, teacher=teacher, data=data, form=form,
-                                    batch=batch, accumulation=accumulation, episodes=episodes, lora=lora))
+                                    batch=batch, accumulation=accumulation, episodes=episodes, lora=lora,
+                                    mini_batches=mini_batches))
     return recipe
 
 
@@ -82,11 +83,12 @@ def test_kill_then_resume_is_exact(tmp_path, tiny_model_dir, form):
 
 
 def launch(folder: Path, model_dir: Path, name: str, processes: int, form: str, lora: str) -> Path:
-    """The same global batch of 8 either way: 1 process x 4 x 2 accumulation, or 2 processes x 4 x 1."""
+    """The same global batch of 8 either way: 1 process x 4 x 2 accumulation, or 2 processes x 4 x 1; one
+    mini-batch, so each optimizer step holds the same rows however they are split."""
     from tests.smoke.test_distributed import free_port
 
     recipe = write_recipe(folder, model_dir, name, form, batch=4, accumulation=2 // processes, episodes=24,
-                          lora=lora)
+                          lora=lora, mini_batches=1)
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     launcher = [] if processes == 1 else [
         "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
