@@ -30,6 +30,7 @@ the table's spec type. Aliases are the newer TRL names, accepted on input.
 
 
 def _sections() -> list[tuple[str, str, list[type]]]:
+    from training_wizard.recipes.distill import DistillRecipe
     from training_wizard.recipes.grpo import GRPORecipe
     from training_wizard.recipes.classification import SequenceClassificationRecipe
     from training_wizard.recipes.ppo import PPORecipe
@@ -41,7 +42,7 @@ def _sections() -> list[tuple[str, str, list[type]]]:
         dataset, environment, model, remote_reward, reward, reward_functions, text_metrics, verifiable,
     )
     from training_wizard.trainers.supervised.config import RewardConfig, SequenceClassificationConfig, SFTConfig
-    from training_wizard.trl.configs import GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
+    from training_wizard.trl.configs import DistillationConfig, GRPOConfig, PPOConfig, RLOOConfig, RLOORecipeConfig
 
     def subclasses(module, base) -> list[type]:
         found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -61,6 +62,11 @@ def _sections() -> list[tuple[str, str, list[type]]]:
          "(TRL's PPOv2 defaults); the GRPO recipe and the Python API `GRPOConfig` (TRL 1.x's GRPO defaults). "
          "docs/trl_options.md maps every TRL 1.x GRPO and RLOO option.",
          [RLOORecipeConfig, RLOOConfig, PPOConfig, GRPOConfig]),
+        ("On-policy distillation: `recipe_class = \"distill\"`", "The student (`[model]`, LoRA or full) samples, "
+         "the `[teacher_model]` (a TransformerSpec: a hub id, a folder, or a LoRA run's saved model/ folder) scores "
+         "the same tokens; `[dataset]` holds prompt rows, `[reward]` is optional (logged, not trained on). Its "
+         "`[training]` table is `DistillationConfig` (TRL 1.16's names and defaults; docs/algorithms.md, "
+         "\"On-policy distillation\").", [DistillRecipe, DistillationConfig]),
         ("Supervised stages: `recipe_class = \"sft\"` and `\"reward_model\"`", "The recipes of the stages before "
          "online RL (docs/pipeline.md): their top-level keys, then their `[training]` tables. `[model]` and the "
          "data tables are the specs above. `recipe_class = \"sequence_classification\"` (what training-wizard "

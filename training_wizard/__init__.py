@@ -14,6 +14,8 @@ _LAZY = {
     "PPOTrainer": "training_wizard.trl.trainers",
     "GRPOConfig": "training_wizard.trl.configs",
     "GRPOTrainer": "training_wizard.trl.trainers",
+    "DistillationConfig": "training_wizard.trl.configs",
+    "DistillationTrainer": "training_wizard.trl.trainers",
     "SFTConfig": "training_wizard.trainers.supervised.config",
     "SFTTrainer": "training_wizard.trainers.supervised.sft",
     "RewardConfig": "training_wizard.trainers.supervised.config",
@@ -27,8 +29,8 @@ _LAZY = {
     "get_kbit_device_map": "training_wizard.trl.script_arguments",
 }
 
-__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig",
-           "SFTTrainer", "RewardConfig", "RewardModelTrainer", "load_recipe", "TrlParser", "ScriptArguments",
+__all__ = ["RLOOConfig", "RLOOTrainer", "PPOConfig", "PPOTrainer", "GRPOConfig", "GRPOTrainer", "DistillationConfig",
+           "DistillationTrainer", "SFTConfig", "SFTTrainer", "RewardConfig", "RewardModelTrainer", "load_recipe", "TrlParser", "ScriptArguments",
            "ModelConfig", "get_peft_config", "get_quantization_config", "get_kbit_device_map", "__version__"]
 
 

@@ -21,6 +21,7 @@ RECIPE_ALIASES = {
     "rloo": "training_wizard.recipes.rloo.RLOORecipe",
     "ppo": "training_wizard.recipes.ppo.PPORecipe",
     "grpo": "training_wizard.recipes.grpo.GRPORecipe",
+    "distill": "training_wizard.recipes.distill.DistillRecipe",
     "sft": "training_wizard.recipes.sft.SFTRecipe",
     "reward_model": "training_wizard.recipes.reward_model.RewardModelRecipe",
     "sequence_classification": "training_wizard.recipes.classification.SequenceClassificationRecipe",

@@ -51,6 +51,9 @@ class OnPolicyRecipe(Recipe):
     environment: EnvironmentSpec | None = Field(
         None, description="An environment (or tools): each rollout is an episode of several turns "
         "(docs/environments.md).")
+    teacher_model: TransformerSpec | None = Field(
+        None, description="A teacher whose per-token term joins the reward with training.distillation_coef "
+        "(on-policy distillation beside the task reward; docs/algorithms.md). Its tokenizer must be the policy's.")
     merge_lora: bool = Field(False, description="Save the final model with the LoRA adapter merged into it.")
     training: OnPolicyConfig
 
@@ -65,7 +68,30 @@ class OnPolicyRecipe(Recipe):
         return self.trainer_class(config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy,
                                   reward_model=self.reward, train_dataset=train_rows, eval_dataset=eval_rows,
                                   accelerator=accelerator, source_wrapper=with_async,
-                                  **self.environment_factory())
+                                  **self.environment_factory(), **self.teacher_arguments(config, tokenizer))
+
+    def teacher_arguments(self, config, tokenizer) -> dict[str, Any]:
+        """The trainer's `teacher_model`, loaded with the policy's tokenizer (the same pad id and embedding size),
+        when the recipe names one."""
+        if self.teacher_model is None:
+            return {}
+        return {"teacher_model": self.teacher_model.load_causal_lm(config.dtype, tokenizer)}
+
+    @model_validator(mode="after")
+    def _teacher_with_its_coefficient(self) -> OnPolicyRecipe:
+        if self.teacher_model is not None and self.training.distillation_coef == 0.0:
+            raise KeyValueError("teacher_model", "given, but training.distillation_coef is 0: set it (e.g. 0.1) to "
+                                "add the teacher's term to the reward, or remove [teacher_model]")
+        if self.teacher_model is None and self.training.distillation_coef > 0.0:
+            raise KeyValueError("training.distillation_coef", "needs a [teacher_model] table (the teacher whose "
+                                "logprobs the term reads)")
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_key(self) -> OnPolicyRecipe:
+        if self.teacher_model is not None:
+            self.teacher_model._key = "teacher_model"  # its errors name [teacher_model], not [model]
+        return self
 
     @model_validator(mode="after")
     def _episode_limits_in_one_place(self) -> OnPolicyRecipe:
@@ -163,13 +189,18 @@ class OnPolicyRecipe(Recipe):
 
     def check_can_start(self, config, accelerator, console: Console, train_rows=None) -> None:
         """What a run checks before it loads any model, and `--dry-run` with it (the same call): trackers and the
-        generation backend (vLLM installed, a launch it runs under); with an [environment], one environment built
+        generation backend (vLLM installed, a launch it runs under); a [teacher_model] (loadable, the policy's
+        tokenizer: recipes/teacher.py); with an [environment], one environment built
         and reset on the first row of `train_rows` it serves, its tools and a reward (rollout/environment_check.py);
         warnings about likely mistakes."""
         from training_wizard.trainers.loop.setup import check_generation_can_start
 
         super().check_can_start(config, accelerator, console)
         check_generation_can_start(accelerator, config)
+        if self.teacher_model is not None:
+            from training_wizard.recipes.teacher import check_teacher
+
+            check_teacher(self.model, self.teacher_model)
         if self.environment is not None and train_rows is not None:
             self.check_episodes_can_start_everywhere(accelerator, train_rows)
         from training_wizard.sharding import zero3_lora_warning

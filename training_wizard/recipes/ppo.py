@@ -35,7 +35,7 @@ class PPORecipe(OnPolicyRecipe):
         return self.trainer_class(
             config=config, tokenizer=tokenizer, policy=policy, ref_policy=ref_policy, reward_model=self.reward,
             value_model=value_model, train_dataset=train_rows, eval_dataset=eval_rows, accelerator=accelerator,
-            source_wrapper=with_async, **self.environment_factory(),
+            source_wrapper=with_async, **self.environment_factory(), **self.teacher_arguments(config, tokenizer),
         )
 
     def _load_value_model(self, config: PPOConfig, tokenizer):

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 # The metrics a reader looks at first, in this order; every reward component (`rewards/<name>`) follows the first two.
-MAIN_METRICS = ("objective/scores", "objective/rlhf_reward", "objective/kl", "completions/mean_length")
+MAIN_METRICS = ("objective/scores", "objective/rlhf_reward", "objective/kl", "completions/mean_length",
+                "distill/divergence", "distill/agreement")  # the last two: distillation runs only
 EVAL_METRICS = ("eval/scores", "eval/kl", "eval/response_length")
 
 

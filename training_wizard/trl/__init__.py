@@ -1,9 +1,9 @@
 """The TRL port: what lets code and files written for TRL 1.x run here, over the native trainers and configs, which
 never import it.
 
-- trl/trainers.py: `GRPOTrainer` and `RLOOTrainer` with TRL's constructors (and the older arguments), building
+- trl/trainers.py: `GRPOTrainer`, `RLOOTrainer` and `DistillationTrainer` with TRL's constructors (and the older arguments), building
   the native trainers of trainers/algorithms/grpo.py and trainers/algorithms/rloo.py (trl/arguments.py translates the arguments);
-- trl/configs.py: the public `GRPOConfig`, `RLOOConfig`, `PPOConfig` (and the RLOO recipe's), which read TRL's
+- trl/configs.py: the public `GRPOConfig`, `RLOOConfig`, `PPOConfig`, `DistillationConfig` (and the RLOO recipe's), which read TRL's
   keys through trl/keys.py's table; recipes use them for their [training] tables;
 - trl/callbacks.py, trl/results.py: transformers' callbacks and the Trainer methods scripts call after train();
 - TRL's script helpers under their names: TrlParser, ScriptArguments, ModelConfig, get_peft_config,

@@ -45,12 +45,14 @@ _SAME_ROLE = {"args": "config", "processing_class": "tokenizer", "model": "polic
 _TRL_ONLY = ("model", "reward_funcs", "processing_class", "reward_processing_classes", "peft_config")
 # TRL 1.16's defaults that decide how many optimizer steps a run takes, by trainer: followed by the TRL-form
 # constructor (TrainingArguments' 3 epochs; RLOO's one pass over each generation, num_iterations).
-_STEP_DEFAULTS = {"GRPO": {"num_train_epochs": 3.0}, "RLOO": {"num_train_epochs": 3.0, "num_ppo_epochs": 1}}
+_STEP_DEFAULTS = {"GRPO": {"num_train_epochs": 3.0}, "RLOO": {"num_train_epochs": 3.0, "num_ppo_epochs": 1},
+                  "Distillation": {"num_train_epochs": 3.0}}
 # TRL 1.16's defaults ours keep (docs/trl_options.md, "Where our defaults differ"): named at start when unset.
 _KEPT_DEFAULTS = {
     "GRPO": {"bf16": True, "gradient_checkpointing": True, "logging_steps": 10, "save_steps": 500},
     "RLOO": {"bf16": True, "gradient_checkpointing": True, "logging_steps": 10, "save_steps": 500,
              "response_length": 512, "temperature": 1.0, "learning_rate": 1e-6},
+    "Distillation": {"bf16": True, "gradient_checkpointing": True, "logging_steps": 10, "save_steps": 500},
 }
 # TransformerSpec fields that model_init_kwargs may set; the remaining keys go to from_pretrained as they are.
 _SPEC_KEYS = ("revision", "trust_remote_code", "attn_implementation")
@@ -160,14 +162,10 @@ def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config:
     if isinstance(model, PathLike):
         model = str(model)
     if isinstance(model, str):
-        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None)) or config.dtype
-        fields = {key: kwargs.pop(key) for key in _SPEC_KEYS if key in kwargs}
-        fields.setdefault("trust_remote_code", getattr(config, "trust_remote_code", False))
-        kwargs.pop("device_map", None)  # accelerate places the model
-        spec = TransformerSpec(pretrained_name=model, from_pretrained_kwargs=kwargs, **fields)
+        spec, dtype = model_spec(model, kwargs, config)
         with model_argument_errors():
             tokenizer = padded(tokenizer) if tokenizer is not None else spec.load_tokenizer()
-            model = spec.load_causal_lm(checkpoint_dtype(spec) if dtype == "auto" else dtype, tokenizer)
+            model = spec.load_causal_lm(dtype, tokenizer)
     else:
         if tokenizer is None:
             name = getattr(model.config, "name_or_path", None)
@@ -186,6 +184,42 @@ def load_policy(model: Any, tokenizer: Any, config: OnPolicyConfig, peft_config:
                             "or pass the model without peft_config")
         model = apply_peft(model, peft_config, "peft_config")
     return model, tokenizer
+
+
+def model_spec(name: str, kwargs: dict[str, Any], config: OnPolicyConfig, key: str = "model"):
+    """(the TransformerSpec, the dtype) that load a model= name with TRL's init keywords `kwargs` (a copy, used up)
+    as the [model] table loads one; `key` is the argument its errors name."""
+    from training_wizard.specs.model import TransformerSpec
+
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None)) or config.dtype
+    fields = {key: kwargs.pop(key) for key in _SPEC_KEYS if key in kwargs}
+    fields.setdefault("trust_remote_code", getattr(config, "trust_remote_code", False))
+    kwargs.pop("device_map", None)  # accelerate places the model
+    spec = TransformerSpec(pretrained_name=name, from_pretrained_kwargs=kwargs, **fields)
+    spec._key = key
+    return spec, checkpoint_dtype(spec) if str(dtype) == "auto" else str(dtype).removeprefix("torch.")
+
+
+def load_teacher(teacher: Any, config: OnPolicyConfig, tokenizer: Any) -> torch.nn.Module:
+    """TRL's teacher_model= (a model object, or a folder / cached Hub id loaded with args.teacher_model_init_kwargs
+    and args.teacher_model_revision, with the student's tokenizer); None: args.teacher_model_name_or_path."""
+    init_kwargs = getattr(config, "teacher_model_init_kwargs", None)
+    teacher = teacher if teacher is not None else getattr(config, "teacher_model_name_or_path", None)
+    if teacher is None:
+        raise UserError("teacher_model: required (a model object, a folder or a cached Hub id; or "
+                        "args.teacher_model_name_or_path)")
+    if isinstance(teacher, torch.nn.Module):
+        if init_kwargs is not None:
+            raise UserError("args.teacher_model_init_kwargs: given, but teacher_model is already a model object")
+        return teacher
+    if not isinstance(teacher, (str, PathLike)):
+        raise UserError(f"teacher_model: expected a model folder, a cached Hub id or a transformers model, got "
+                        f"{type(teacher).__name__}")
+    kwargs = dict(init_kwargs or {})
+    if getattr(config, "teacher_model_revision", None) is not None:
+        kwargs.setdefault("revision", config.teacher_model_revision)
+    spec, dtype = model_spec(str(teacher), kwargs, config, key="teacher_model")
+    return spec.load_causal_lm(dtype, tokenizer)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""GRPOTrainer and RLOOTrainer with TRL 1.16's constructors: the classes `training_wizard` exports.
+"""GRPOTrainer, RLOOTrainer and DistillationTrainer with TRL 1.16's constructors: the classes `training_wizard` exports.
 
 Each takes TRL's arguments (`model=`, `reward_funcs=`, `args=`, `processing_class=`, `callbacks=`,
 `peft_config=`, ...) or the native trainer's older ones (`config=`, `tokenizer=`, `policy=`, `reward_model=`,
@@ -14,10 +14,10 @@ from typing import Any
 from accelerate import Accelerator
 
 from training_wizard.rollout.asynchronous import with_async
-from training_wizard.trainers.algorithms import grpo, ppo, rloo
-from training_wizard.trl.arguments import trainer_arguments
+from training_wizard.trainers.algorithms import distill, grpo, ppo, rloo
+from training_wizard.trl.arguments import load_teacher, trainer_arguments
 from training_wizard.trl.callbacks import TRLTrainerMethods
-from training_wizard.trl.configs import GRPOConfig, RLOOConfig
+from training_wizard.trl.configs import DistillationConfig, GRPOConfig, RLOOConfig
 
 # TRL's constructor arguments, whichever of them a trainer's signature names; the others are the older form's.
 TRL_ARGUMENTS = ("model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class",
@@ -100,3 +100,32 @@ class PPOTrainer(ppo.PPOTrainer):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("source_wrapper", with_async)  # async_rollouts: batches sampled ahead
         super().__init__(*args, **kwargs)
+
+
+class DistillationTrainer(TRLTrainer, distill.DistillationTrainer):
+    """On-policy distillation (trainers/algorithms/distill.py) built from TRL 1.16's arguments or the native ones.
+
+    TRL's: `DistillationTrainer(model=..., teacher_model=..., args=DistillationConfig(...), train_dataset=...,
+    eval_dataset=..., processing_class=..., callbacks=..., peft_config=..., tools=...)`, then `.train()`.
+    `teacher_model` is a model object or a folder / cached Hub id, loaded with `args.teacher_model_init_kwargs`
+    (and `args.teacher_model_revision`) as `model` is with `model_init_kwargs`; without it,
+    `args.teacher_model_name_or_path`. The native ones: `DistillationTrainer(config=..., tokenizer=..., policy=...,
+    teacher_model=..., train_dataset=..., reward_model=None, ...)`.
+    """
+
+    def __init__(self, model=None, teacher_model=None, args: DistillationConfig | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, callbacks=None, optimizers=(None, None),
+                 quantization_config=None, peft_config=None, tools=None, *, config: DistillationConfig | None = None,
+                 tokenizer=None, policy=None, reward_model=None, accelerator: Accelerator | None = None, **sources):
+        """TRL's arguments or the native ones (not the same one both ways); `sources`: `generation_backend`,
+        `rollout_source`, `environment_factory` and `episode_settings`, as for every trainer."""
+        given = dict(locals())
+        given.pop("teacher_model")
+        given.pop("__class__", None)
+        resolved = trainer_arguments(DistillationConfig, "Distillation",
+                                     *split_arguments({**given, "reward_model": reward_model or distill.no_reward}))
+        resolved["teacher_model"] = load_teacher(teacher_model, resolved["config"], resolved["tokenizer"])
+        callbacks = resolved.pop("callbacks")
+        resolved.setdefault("source_wrapper", with_async)
+        distill.DistillationTrainer.__init__(self, **resolved)
+        self.attach_callbacks(callbacks)

@@ -18,6 +18,7 @@ from training_wizard.trainers.config.environment_keys import EnvironmentFailureO
 from training_wizard.trainers.config.hub import HubArguments
 from training_wizard.trainers.config.micro_batch_keys import TokenBudgetOptions
 from training_wizard.trainers.config.presentation import PresentationOptions
+from training_wizard.trainers.config.teacher_keys import TeacherOptions
 from training_wizard.trainers.config.turn_keys import TurnCreditOptions
 from training_wizard.trainers.config.vllm_keys import VLLMAdapterOptions
 from training_wizard.trainers.config.batch_plan import (
@@ -29,7 +30,7 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
-                     TurnCreditOptions, TokenBudgetOptions, VLLMAdapterOptions):
+                     TurnCreditOptions, TokenBudgetOptions, VLLMAdapterOptions, TeacherOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------
@@ -144,10 +145,6 @@ class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOption
         "dynamic shapes. The first update pays the compilation (about a minute for a 25M model on a 2-core CPU); "
         "generation and the no-grad logprob passes stay eager. One process or plain data parallel only.",
     )
-    padding_free: bool = Field(False, description="Padding-free packed forwards: every pass over completions (policy "
-        "and reference logprobs, the update, PPO's values, a reward model) runs its rows as one sequence, no padding "
-        "(veRL: use_remove_padding; OpenRLHF: --ds.packing_samples; NeMo-RL: sequence_packing); no prompt is then "
-        "shared. Llama, Mistral, Qwen2/3 models; not with DeepSpeed, FSDP or torch_compile. docs/performance.md.")
     logprobs_from_sampling: bool | Literal["auto"] = Field(
         "auto",
         description="Take the policy's rollout logprobs (KL penalty, the ratio's old side) from the logits that "

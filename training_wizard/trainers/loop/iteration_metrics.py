@@ -36,6 +36,7 @@ from training_wizard.core.turn_credit import turn_mask, turn_tokens
 from training_wizard.rollout.trajectory import StopReason, TrajectoryBatch
 from training_wizard.specs.reward import RewardSpec
 from training_wizard.trainers.loop.environment_failures import failed_episodes
+from training_wizard.trainers.loop.teacher import distillation_metrics
 
 # TRL's name -> ours, for values the update or the shared metrics already hold under our name
 SAME_VALUES = {"loss": "loss/policy_avg", "learning_rate": "lr", "entropy": "policy/entropy_avg"}
@@ -121,6 +122,8 @@ def shared_metrics(trainer, rollout: TrajectoryBatch, shaped, update, eps: float
         metrics["episodes/failed_total"] = trainer.state.failed_episodes
         if rollout.turn_counts is not None:
             metrics.update(turn_metrics(collectives, device, rollout, shaped.advantages))
+    if trainer.config.distillation_coef > 0.0:  # a teacher beside the algorithm (trainers/loop/teacher.py)
+        metrics.update(distillation_metrics(collectives, device, rollout))
     metrics.update(trainer.rollout_source.metrics(rollout, trainer.state.iteration))
     metrics.update(update.corrections)  # the update's own correction weights, in place of the batch's above
     return metrics

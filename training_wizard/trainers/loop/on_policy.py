@@ -51,6 +51,9 @@ from training_wizard.trainers.loop.iteration_metrics import IterationMetrics, TR
 from training_wizard.trainers.loop.setup import as_reward, prepare_models, resolve_logprobs_from_sampling
 from training_wizard.trainers.loop.setup import generation_backend as choose_generation_backend
 from training_wizard.trainers.loop.run_state import RunState
+from training_wizard.trainers.loop.teacher import (
+    TEACHER_LOGPROBS, prepare_teacher, teacher_logprobs_pass, with_distillation_reward,
+)
 from training_wizard.trainers.loop.step import OptimizerStep, check_accumulation, make_accelerator, stop_with_checkpoint
 from training_wizard.trainers.loop.update import MicroBatchLoss, PolicyForward, UpdateLoop, UpdateResult
 
@@ -73,15 +76,14 @@ class OnPolicyTrainer(UpdateLoop):
         reward_model: torch.nn.Module | RewardSpec | Callable[..., list[float]] | None,
         train_dataset,
         ref_policy: torch.nn.Module | None = None,
-        eval_dataset=None,
-        accelerator: Accelerator | None = None,
+        eval_dataset=None, accelerator: Accelerator | None = None,
         additional_models: dict[str, torch.nn.Module] | None = None,
         generation_backend: GenerationBackend | None = None,
         rollout_source: RolloutSource | Callable[[RolloutCollector], RolloutSource] | None = None,
         environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
         tools: list[Callable] | None = None,
         episode_settings: EpisodeSettings | None = None, source_wrapper: SourceWrapper | None = None,
-    ):
+        teacher_model: torch.nn.Module | None = None):
         """additional_models: models trained beside the policy with the same optimizer, by checkpoint folder name
         (PPO's value model). generation_backend: what samples completions (rollout/backends.py), instead of the
         one the config chooses. rollout_source: what makes each iteration's TrajectoryBatch instead of the
@@ -90,7 +92,8 @@ class OnPolicyTrainer(UpdateLoop):
         environment_factory (a mapping of them routes rows by their `environment` column) and tools, TRL's
         arguments: the rollout becomes episodes (rollout/episodes.py) played as `episode_settings` say; then
         reward_model may be None (the environment's reward is the reward). source_wrapper: what the loop asks for
-        each iteration's batch, made of that source (default: `IterationSource`, sampled now)."""
+        each iteration's batch, made of that source (default: `IterationSource`, sampled now). teacher_model: see
+        trainers/loop/teacher.py."""
         self.tokenizer, self.lifecycle = tokenizer, RunLifecycle(self)  # the lifecycle holds output_dir
         episodes = prepare_episodes(tokenizer, environment_factory, tools, episode_settings, reward_model is not None)
         self.accelerator = accelerator or make_accelerator(config)
@@ -107,7 +110,7 @@ class OnPolicyTrainer(UpdateLoop):
         self.state = RunState(config.seed, len(self.train_prompts))
         self.iteration_prompts = self._iteration_prompts()
         self.reward = as_reward(EnvironmentReward() if reward_model is None and episodes else reward_model)
-        self._setup_models(policy, ref_policy, additional_models or {})
+        self._setup_models(policy, ref_policy, additional_models or {}, teacher_model)
         longest = longest_prompt(self.train_prompts, self.eval_prompts)
         self.generation = generation_backend or choose_generation_backend(
             self.accelerator, config, self.unwrapped_policy, longest, self.collectives)
@@ -116,7 +119,7 @@ class OnPolicyTrainer(UpdateLoop):
         self.collector = RolloutCollector(
             accelerator=self.accelerator, collectives=self.collectives, tokenizer=tokenizer,
             settings=self._sampling_settings(), policy=self.policy, ref_policy=self.ref_policy, reward=self.reward,
-            extra_passes=self.extra_rollout_passes(), backend=self.generation,
+            extra_passes={**self.extra_rollout_passes(), **self.teacher_rollout_passes()}, backend=self.generation,
         )
         self.rollout_source = self._choose_rollout_source(rollout_source, environment_factory, episodes, source_wrapper)
         self.is_main = self.accelerator.is_main_process
@@ -181,10 +184,11 @@ class OnPolicyTrainer(UpdateLoop):
         return ()
 
     def _setup_models(self, policy: torch.nn.Module, ref_policy: torch.nn.Module | None,
-                      additional_models: dict[str, torch.nn.Module]) -> None:
+                      additional_models: dict[str, torch.nn.Module], teacher: torch.nn.Module | None = None) -> None:
         """trainers/loop/setup.py prepares every model; its record becomes the trainer's public attributes."""
         models = prepare_models(self.accelerator, self.config, self.plan.num_iterations,
                                 {"model": policy, **additional_models}, ref_policy, self.reward)
+        self.teacher = prepare_teacher(self.accelerator, self.config, teacher)  # after DeepSpeed's configuration
         self.trained_models, self.update_forward = models.trained, models.update_forward
         self.policy = self.trained_models["model"]
         self.optimizer, self.lr_scheduler = models.optimizer, models.lr_scheduler
@@ -208,6 +212,12 @@ class OnPolicyTrainer(UpdateLoop):
     def extra_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
         """Per-token no-grad passes the collector adds to the rollout (PPO: values). None by default."""
         return {}
+
+    def teacher_rollout_passes(self) -> dict[str, Callable[..., torch.Tensor]]:
+        """The teacher's logprob pass in the rollout, where the config reads it (trainers/loop/teacher.py)."""
+        if self.teacher is None or not self.config.teacher_logprobs_in_rollout:
+            return {}
+        return {TEACHER_LOGPROBS: teacher_logprobs_pass(self)}
 
     def shape_rewards(self, rollout: TrajectoryBatch) -> ShapedRewards:
         """Step 6: KL-shaped rewards and advantages of this process's rows (statistics over all processes)."""
@@ -252,8 +262,8 @@ class OnPolicyTrainer(UpdateLoop):
             self.rollout_source.prepare_ahead(self.state.iteration, self.iteration_prompts.next_request)
         except StoppedWhileWaiting:  # a stop signal while the reward ran: nothing has changed yet
             self._stop(stop, start_state)
-        # 6. KL-shaped rewards and advantages
-        shaped = self.shape_rewards(rollout)
+        # 6. KL-shaped rewards and advantages (a teacher's term in the scores with distillation_coef)
+        shaped = self.shape_rewards(with_distillation_reward(rollout, self.config.distillation_coef))
         skip_update = self._safe_point_before_update(stop, rollout, shaped, start_state)
         # 7. the update
         update_started = time.perf_counter()
