@@ -51,7 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the recipe, print the batch-size table and three rendered prompts, then exit",
+        help="validate the recipe, print the batch-size table, the memory plan and three rendered prompts, then exit",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="memory one process may use, e.g. 24GB or 80GiB: the memory plan says whether the run fits it and, if "
+        "not, the key to change first (default: the device's memory; on-policy recipes)",
     )
     return parser
 
@@ -72,21 +78,34 @@ def main(argv: list[str] | None = None) -> int:
         return trl_command(argv[0], argv[1:])
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after --dry-run
     _quiet_libraries()
+    from training_wizard.memory_plan import parse_size
     from training_wizard.recipes.base import load_recipe
     from training_wizard.spec import recipe_directory
 
     try:
+        budget = None if args.memory_budget is None else parse_size(args.memory_budget)
         recipe = load_recipe(args.recipe, args.overrides)
+        planned = {} if budget is None else {"memory_budget": _on_policy(recipe, budget)}
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
 
     def train() -> None:
         with recipe_directory(Path(args.recipe).resolve().parent):
-            recipe.main(dry_run=args.dry_run)
+            recipe.main(dry_run=args.dry_run, **planned)
 
     # Errors found while running name a key or row but not the file: say which recipe they belong to.
     return guarded(train, f"{args.recipe}: ")
+
+
+def _on_policy(recipe, budget: int) -> int:
+    """`budget`, for a recipe that plans its memory (RLOO, PPO, GRPO); else a UserError."""
+    from training_wizard.recipes.on_policy import OnPolicyRecipe
+
+    if not isinstance(recipe, OnPolicyRecipe):
+        raise UserError(f"--memory-budget: the memory plan covers the on-policy recipes (rloo, ppo, grpo), not "
+                        f"{type(recipe).__name__}")
+    return budget
 
 
 def trl_command(command: str, argv: list[str]) -> int:

@@ -9,7 +9,7 @@ from test_architecture import PACKAGE, imported_modules, package_modules
 
 # Low to high. A top-level module (training_wizard/x.py) is a room of its own; trainers/ has rooms of its own too.
 LAYERS: list[set[str]] = [
-    {"errors", "spec", "signals", "timeouts", "http_client", "memory", "core", "tracking"},
+    {"errors", "spec", "signals", "timeouts", "http_client", "memory", "memory_plan", "core", "tracking"},
     {"collectives", "guards", "sharding"},
     {"specs", "rewards", "evaluation"},
     {"rollout", "envs", "testing"},

@@ -53,7 +53,7 @@ class Recipe(Spec):
         return self.training.model_copy(update={"output_dir": self.output_dir, "seed": self.seed,
                                                 "overwrite_output_dir": self.overwrite_output_dir})
 
-    def main(self, dry_run: bool = False) -> None:  # pragma: no cover - abstract
+    def main(self, dry_run: bool = False, memory_budget: int | None = None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     # ------------------------------------------------------------------------ the run lifecycle, written once

@@ -21,6 +21,7 @@ from rich.table import Table
 from training_wizard.rollout.asynchronous import with_async
 from training_wizard.errors import UserError
 from training_wizard.recipes.base import Recipe
+from training_wizard.recipes.memory_report import show_memory_plan
 from training_wizard.spec import KeyValueError
 from training_wizard.specs.chat_rendering import bind_chat_template_kwargs
 from training_wizard.specs.dataset import DataSourceSpec
@@ -158,7 +159,9 @@ class OnPolicyRecipe(Recipe):
         return None
 
     # ------------------------------------------------------------------------------------------- the lifecycle
-    def main(self, dry_run: bool = False) -> None:
+    def main(self, dry_run: bool = False, memory_budget: int | None = None) -> None:
+        """Build and run (or on --dry-run only plan) the run. The memory plan is printed on --dry-run, or before the
+        run when `memory_budget` (bytes, the CLI's --memory-budget) is given."""
         self._started = time.perf_counter()
         config = self.training_config()
         accelerator, console = self.open_run(config)
@@ -172,6 +175,8 @@ class OnPolicyRecipe(Recipe):
             console.print(f"note: {note}", soft_wrap=True)
         self.check_can_start(config, accelerator, console, train_rows)
         eval_rows = self._load_prompts(self.eval_dataset, "eval_dataset", tokenizer, console) if self.eval_dataset else None
+        if dry_run or memory_budget is not None:
+            show_memory_plan(self, config, accelerator, tokenizer, train_rows, console, memory_budget)
         if dry_run:
             self._show_prompts(train_rows, tokenizer, console)
             return
