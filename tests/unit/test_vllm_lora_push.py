@@ -1,6 +1,6 @@
 """The adapter-only push to vLLM (rollout/vllm_lora.py) without vLLM: which policies qualify, the adapter folder
 it writes (what peft itself saves), the base weights it sends once, and a fresh adapter id per push. The engine is
-a stand-in here; tests/with_vllm/test_vllm_lora_push.py runs the same path on vLLM's CPU build."""
+a stand-in here; tests/with_vllm/test_vllm_lora_adapter_engine.py runs the same path on vLLM's CPU build."""
 
 import json
 import os
