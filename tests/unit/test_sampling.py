@@ -158,10 +158,10 @@ def test_filtered_draws_do_not_depend_on_the_batch():
 
 
 def test_the_penalty_covers_prompt_tokens_and_drawn_ones():
-    from training_wizard.rollout.generation import _seen_tokens
+    from training_wizard.rollout.generation import seen_tokens
 
     prompt_ids = torch.tensor([[0, 0, 5, 7], [3, 4, 4, 1]])
     prompt_mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
-    seen = _seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(repetition_penalty=1.1))
+    seen = seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(repetition_penalty=1.1))
     assert seen.nonzero().tolist() == [[0, 5], [0, 7], [1, 1], [1, 3], [1, 4]]  # padding id 0 is not "seen"
-    assert _seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(top_p=0.5)) is None
+    assert seen_tokens(prompt_ids, prompt_mask, 9, SamplingFilters(top_p=0.5)) is None

@@ -42,7 +42,8 @@ def teacher_logprobs_pass(trainer):
     column is read (an episode's environment tokens are context); the loss mask picks the tokens later."""
     config = trainer.config
 
-    def teacher_logprobs(prompt_ids, prompt_mask, responses):
+    def teacher_logprobs(prompt_ids, prompt_mask, responses, completion_mask):
+        # every column, not `completion_mask`'s: the widths, and so the float rounding, stay those of the whole batch
         return batched_logprobs(trainer.teacher, prompt_ids, prompt_mask, responses, torch.ones_like(responses),
                                 config.temperature, config.local_rollout_forward_batch_size,
                                 share_prompts=trainer.shared_prompt_passes,
