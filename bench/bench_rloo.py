@@ -128,6 +128,31 @@ def build_models(cache: Path) -> dict[str, Path]:
     return folders
 
 
+def random_weight_copy(source: Path, out: Path, dtype: str = "float32", **config_changes) -> Path:
+    """A folder with `source`'s tokenizer and its config (changed by `config_changes`) holding random weights
+    (seed 0), in `dtype`; made on the GPU when there is one. For timing and memory, where trained weights change
+    nothing: a bench forces or fills every completion's length. Built once into `out`."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "model.safetensors").exists() or (out / "model.safetensors.index.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(source)
+    for key, value in config_changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(out)
+    for item in source.iterdir():  # the tokenizer, its chat template and the generation config; not the weights
+        if item.is_file() and not item.name.startswith(("model", "config.json", "training_wizard")):
+            shutil.copy(item, out / item.name)
+    return out
+
+
 def ensure_trl_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if python.exists() and subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode == 0:

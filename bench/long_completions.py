@@ -6,6 +6,13 @@ both sides, in alternating fresh processes (TRL, ours, TRL, ours, ...).
     OMP_NUM_THREADS=2 .venv/bin/python bench/long_completions.py [--pairs 2] [--warmup 1] [--iterations 2]
         [--prompts 4] [--generations 4] [--max-length 512] [--gradient-checkpointing on|off]
         [--ours-option padding_free=true ...] [--json results.json] [--report results.json]
+    python3 bench/long_completions.py --device cuda --model FOLDER --random-weights --trl-python python3 ...
+
+On a CUDA device (`--device cuda`) both sides keep float32 weights under bfloat16 autocast (TRL: bf16=True, its
+default on a GPU; ours: bf16 = true), and the peak memory is `torch.cuda.max_memory_allocated` besides the resident
+set. `--model FOLDER` replaces the offline SmolLM2 folder; `--random-weights` gives both sides random weights of
+its shape (seed 0) with its tokenizer: the lengths are forced, so what trained weights would change is only the
+tokens' text.
 
 What it measures, per run (one fresh process each, after waiting for a quiet machine): seconds per iteration (one
 generation + one optimizer step, after `--warmup` untimed iterations), completion tokens per second (the realised
@@ -66,6 +73,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,7 +85,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # bench.bench_rloo, on both sides (it imports only the standard library at the top)
 
 from bench.bench_rloo import (  # noqa: E402 (shared helpers)
-    _option_value, cpu_description, matmul_rate, peak_mb, wait_for_quiet,
+    _option_value, cpu_description, matmul_rate, peak_mb, random_weight_copy, wait_for_quiet,
 )
 
 PROMPTS = [  # user messages of different token lengths (the hook tells rows apart by their prompt's length)
@@ -234,6 +242,13 @@ def check_lengths(recorded: list[list[int]], realised: list[list[int]], forced: 
 
 
 # ------------------------------------------------------------------------------------------------ workers
+def gpu_peak() -> dict:
+    """{"peak_gpu_mb": the CUDA allocator's peak in MiB} on a CUDA device, else {}."""
+    import torch
+
+    return {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if torch.cuda.is_available() else {}
+
+
 def train_timed(trainer) -> tuple[list[float], list[float]]:
     """Train; (wall seconds, CPU seconds of this process's threads) of each iteration, each from the end of the one
     before (the first from the start of train()). CPU seconds tell more than wall seconds on a shared machine."""
@@ -282,7 +297,7 @@ def worker_ours(args) -> dict:
 
     DecodeLoopBackend.sample, RolloutCollector.sample = sample_forced, sample_recorded
     batch, iterations = args.prompts * args.generations, args.warmup + args.iterations
-    options = dict(
+    options = dict(bf16=args.device == "cuda",
         output_dir=args.out, per_device_train_batch_size=batch, num_generations=args.generations, num_mini_batches=1,
         num_ppo_epochs=1, total_episodes=batch * iterations, response_length=max(map(max, lengths)),
         local_rollout_forward_batch_size=batch, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LEARNING_RATE,
@@ -296,7 +311,7 @@ def worker_ours(args) -> dict:
     seconds, cpu_seconds = (values[args.warmup:] for values in train_timed(trainer))
     timed_metrics = read_metrics(args.out)[args.warmup:]
     return {
-        "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": peak_mb(), "options": options,
+        "seconds": seconds, "cpu_seconds": cpu_seconds, "peak_mb": peak_mb(), "options": options, **gpu_peak(),
         "generation_s": statistics.mean(m["time/generation"] for m in timed_metrics),
         "update_s": statistics.mean(m["time/update"] for m in timed_metrics),
         "prompt_tokens": statistics.mean(prompt_tokens),
@@ -328,8 +343,8 @@ def worker_trl(args) -> dict:
         output_dir=args.out, per_device_train_batch_size=batch, num_generations=args.generations,
         steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1, beta=0.0, loss_type="dapo",
         scale_rewards="group", max_completion_length=max(map(max, lengths)), temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=LEARNING_RATE, max_grad_norm=1.0, max_steps=iterations, use_vllm=False, use_cpu=True,
-        bf16=False, fp16=False, gradient_checkpointing=args.gradient_checkpointing == "on", logging_steps=1,
+        learning_rate=LEARNING_RATE, max_grad_norm=1.0, max_steps=iterations, use_vllm=False,
+        use_cpu=args.device == "cpu", bf16=args.device == "cuda", fp16=False, gradient_checkpointing=args.gradient_checkpointing == "on", logging_steps=1,
         save_strategy="no", report_to="none", seed=SEED, disable_tqdm=True, log_level="error",
         dataloader_num_workers=0, log_completions=False,
     )
@@ -359,7 +374,7 @@ def worker_trl(args) -> dict:
     seconds = [b[0] - a[0] for a, b in zip(marks, marks[1:])][args.warmup:]
     return {
         "seconds": seconds, "cpu_seconds": [b[1] - a[1] for a, b in zip(marks, marks[1:])][args.warmup:],
-        "peak_mb": peak_mb(),
+        "peak_mb": peak_mb(), **gpu_peak(),
         "generation_s": statistics.mean(generation[args.warmup:]),
         "update_s": statistics.mean(s - g for s, g in zip(seconds, generation[args.warmup:])),
         "prompt_tokens": statistics.mean(prompt_tokens),
@@ -376,27 +391,29 @@ def per_second(result: dict) -> tuple[float, float]:
 def report(saved: dict) -> None:
     runs, lengths = saved["runs"], saved["lengths"]
     flat = sorted(n for row in lengths for n in row)
-    print(f"\n## GRPO, {len(lengths)} prompts x {len(lengths[0])} generations per iteration, recorded lengths "
+    print(f"\n## {saved.get('device', 'CPU')}: GRPO, {len(lengths)} prompts x {len(lengths[0])} generations per iteration, recorded lengths "
           f"{flat} (mean {statistics.mean(flat):.1f}); ours with {saved['ours_options'] or 'its defaults'}; "
           f"gradient checkpointing {saved['gradient_checkpointing']} on both sides; {saved['threads']} threads")
     print("| run | side | s/iteration | iterations/s | completion tokens/s | generation s | update s | CPU s/iteration | "
-          "peak RSS MB | prompt tokens | lengths = recorded |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "peak RSS MB | peak GPU MiB | prompt tokens | lengths = recorded |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for index, run in enumerate(runs):
         r = run["result"]
         iterations, tokens = per_second(r)
         print(f"| {index} | {run['side']} | {statistics.mean(r['seconds']):.1f} | {iterations:.4f} | {tokens:.1f} | "
               f"{r['generation_s']:.1f} | {r['update_s']:.1f} | {statistics.mean(r.get('cpu_seconds') or [math.nan]):.1f} | "
-              f"{r['peak_mb']:.0f} | {r['prompt_tokens'] or 0:.1f} | "
+              f"{r['peak_mb']:.0f} | {r.get('peak_gpu_mb', math.nan):.0f} | {r['prompt_tokens'] or 0:.1f} | "
               f"{'yes' if r['equal_to_recorded'] and r['equal_to_forced_row_by_row'] else 'NO'} "
               f"({r['iterations_seen']} iterations) |")
     pairs = [(runs[i]["result"], runs[i + 1]["result"]) for i in range(0, len(runs) - 1, 2)]
     speed = [per_second(o)[0] / per_second(t)[0] for t, o in pairs]
     cpu = [statistics.mean(t.get("cpu_seconds") or [math.nan]) / statistics.mean(o.get("cpu_seconds") or [math.nan])
            for t, o in pairs]
-    memory = [o["peak_mb"] / t["peak_mb"] for t, o in pairs]
+    peak = "peak_gpu_mb" if "peak_gpu_mb" in runs[0]["result"] else "peak_mb"  # the device's memory on a GPU
+    memory = [o[peak] / t[peak] for t, o in pairs]
     print(f"ours/TRL iterations per second per pair: {', '.join(f'{x:.2f}' for x in speed)} (by CPU seconds: "
-          f"{', '.join(f'{x:.2f}' for x in cpu)}); peak memory ours/TRL: {', '.join(f'{x:.2f}' for x in memory)}")
+          f"{', '.join(f'{x:.2f}' for x in cpu)}); peak {'GPU' if peak == 'peak_gpu_mb' else 'resident'} memory ours/TRL: "
+          f"{', '.join(f'{x:.2f}' for x in memory)}")
     for run in runs:
         if not (run["result"]["equal_to_recorded"] and run["result"]["equal_to_forced_row_by_row"]):
             print(f"{run['side']}: realised lengths {run['result']['realised_sorted']} differ from the recorded ones")
@@ -409,7 +426,9 @@ def run_side(side: str, args, folder: Path, out: Path, env: dict) -> dict:
                "--threads", str(args.threads), "--prompts", str(args.prompts), "--generations", str(args.generations),
                "--max-length", str(args.max_length), "--gradient-checkpointing", args.gradient_checkpointing]
     command += [f"--ours-option={item}" for item in args.ours_option] if side == "ours" else []
-    done = subprocess.run(command, env={**env, **({"PYTHONPATH": str(REPO)} if side == "ours" else {})},
+    command += ["--device", args.device]
+    paths = os.pathsep.join(filter(None, [str(REPO) if side == "ours" else "", env.get("PYTHONPATH", "")]))
+    done = subprocess.run(command, env={**env, "PYTHONPATH": paths},
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
@@ -432,8 +451,10 @@ def main() -> None:
     parser.add_argument("--trl-python", type=Path, default=REPO / ".venv-trl-bench" / "bin" / "python")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--report", type=Path, help="print the report of a saved --json file again, and stop")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--random-weights", action="store_true", help="random weights of --model's shape, both sides")
     parser.add_argument("--worker", choices=["ours", "trl"])
-    parser.add_argument("--model")
+    parser.add_argument("--model", help="the model's folder (default: SmolLM2-135M-Instruct, converted offline)")
     parser.add_argument("--out")
     parser.add_argument("--result", type=Path)
     args = parser.parse_args()
@@ -446,16 +467,23 @@ def main() -> None:
         return
 
     started = time.perf_counter()
-    if not args.trl_python.exists():
+    if not args.trl_python.exists() and not shutil.which(str(args.trl_python)):
         sys.exit(f"{args.trl_python} is missing: run scripts/setup_trl_bench.sh first (or give --trl-python)")
     from training_wizard.specs.model import TransformerSpec
 
-    folder = TransformerSpec(pretrained_name="HuggingFaceTB/SmolLM2-135M-Instruct").resolved_path()
+    folder = Path(args.model) if args.model else TransformerSpec(
+        pretrained_name="HuggingFaceTB/SmolLM2-135M-Instruct").resolved_path()
+    if args.random_weights:
+        folder = random_weight_copy(folder, Path(tempfile.mkdtemp()) / "random")
     versions = subprocess.run([str(args.trl_python), "-c", "import trl, transformers, torch; "
                                "print(trl.__version__, transformers.__version__, torch.__version__)"],
                               capture_output=True, text=True, check=True).stdout.split()
-    print(f"CPU: {cpu_description()}, {os.cpu_count()} cores; {args.threads} torch threads; float32 matmul rate "
-          f"{matmul_rate(args.threads):.0f} GFLOP/s; model {folder}; TRL side: trl {versions[0]}, transformers "
+    import torch
+
+    device = (f"GPU: {torch.cuda.get_device_name()}, bfloat16 autocast" if args.device == "cuda" else
+              f"CPU float32 matmul rate {matmul_rate(args.threads):.0f} GFLOP/s")
+    print(f"CPU: {cpu_description()}, {os.cpu_count()} cores; {args.threads} torch threads; {device}; model "
+          f"{folder}{' (random weights)' if args.random_weights else ''}; TRL side: trl {versions[0]}, transformers "
           f"{versions[1]}, torch {versions[2]}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
@@ -472,7 +500,7 @@ def main() -> None:
                       f"{result['peak_mb']:.0f} MB, lengths as recorded: {result['equal_to_recorded']} "
                       f"({time.perf_counter() - began:.0f} s in all; waited {waited:.0f} s for a quiet machine; "
                       f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)", flush=True)
-    saved = {"threads": args.threads, "cpu": cpu_description(), "trl": versions, "ours_options": args.ours_option,
+    saved = {"threads": args.threads, "device": device, "cpu": cpu_description(), "trl": versions, "ours_options": args.ours_option,
              "gradient_checkpointing": args.gradient_checkpointing,
              "lengths": lengths_for(args.prompts, args.generations, args.max_length), "runs": runs}
     report(saved)

@@ -20,6 +20,22 @@ Prints per run: the plan's peak, the measured peak, plan / measured, and the run
 
     .venv/bin/python bench/memory_plan.py --gpu-table
 
+    .venv/bin/python bench/memory_plan.py --device cuda --shape-folder FOLDER [--runs 135m-full-256,...]
+
+runs the CUDA runs instead, on the GPU: random weights (seed 0) in the shapes of SmolLM2-135M (FOLDER's config:
+a SmolLM2-135M-Instruct folder, whose tokenizer both use) and SmolLM2-1.7B (its public config.json values), in
+bfloat16, GRPO for one iteration of two optimizer steps; random weights almost never end a completion, so every
+completion runs to `response_length`, the length the plan assumes. Measured in the training process itself:
+`torch.cuda.max_memory_allocated` and `max_memory_reserved`, and the CUDA context (the device's used memory at the
+end less what the allocator reserved). Printed per run: the plan's peak against reserved + context, and the plan
+less its runtime constant against the allocated peak.
+  135m-full-256    full fine-tuning, 256-token completions, 16 rows, 8 per micro-batch
+  135m-full-1024   full fine-tuning, 1,024-token completions, 8 rows, 4 per micro-batch, activation checkpointing
+  1.7b-lora-1024   LoRA r 16 on every linear layer, 1,024-token completions, 8 rows, 4 per micro-batch, checkpointing
+  1.7b-full-512    full fine-tuning, 512-token completions, 8 rows, 4 per micro-batch, activation checkpointing
+
+    .venv/bin/python bench/memory_plan.py --gpu-table
+
 prints instead the plan's figures for three public model shapes on a CUDA device (bfloat16 weights, 4 rows of 256
 prompt + 1,024 completion tokens per micro-batch, 16 rows per sampling chunk): arithmetic only, nothing measured
 (docs/performance.md, "Memory plan").
@@ -64,7 +80,7 @@ num_ppo_epochs = 1
 num_sample_generations = 0
 gradient_checkpointing = {checkpointing}
 temperature = 1.0
-"""
+{training_extra}"""
 LORA = 'lora = { r = 16, alpha = 32, target_modules = "all-linear" }'
 # name: (algorithm, model, LoRA, completion length, rows per iteration and per rollout chunk, checkpointing). Each run
 # is one iteration of two optimizer steps (two mini-batches of half the rows): the second step's backward is the
@@ -91,10 +107,94 @@ def recipe_command(name: str, folders: dict[str, Path], scratch: Path) -> list[s
     group = "rloo_k" if algorithm == "rloo" else "num_generations"
     text = RECIPE.format(algorithm=algorithm, out=out, model=folders[model], lora=LORA if lora else "",
                          data=scratch / "prompts.jsonl", group=group, k=4, rows=rows, micro=rows // 2,
-                         length=length, checkpointing=str(checkpointing).lower())
+                         length=length, checkpointing=str(checkpointing).lower(), training_extra="")
     path = scratch / f"{name}.toml"
     path.write_text(text)
     return [str(path)]
+
+
+# Public config.json values of HuggingFaceTB/SmolLM2-1.7B-Instruct (Hugging Face Hub): SmolLM2-135M's vocabulary
+SMOLLM2_1_7B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                    num_key_value_heads=32, head_dim=64, rope_parameters={"rope_theta": 130000.0, "rope_type": "default"})
+# name: (model, LoRA, completion length, rows per iteration and per rollout chunk, checkpointing); GRPO, bfloat16
+CUDA_RUNS = {
+    "135m-full-256": ("135m", False, 256, 16, False),
+    "135m-full-1024": ("135m", False, 1024, 8, True),
+    "1.7b-lora-1024": ("1.7b", True, 1024, 8, True),
+    "1.7b-full-512": ("1.7b", False, 512, 8, True),
+}
+# What a first iteration must show on a new device: KL 0 and a ratio of 1 before any update, finite numbers.
+SHOWN_METRICS = ("objective/kl", "val/ratio", "loss", "grad_norm", "completions/mean_length", "time/generation",
+                 "time/update")
+# Runs `training-wizard ARGS` in this process, then writes the CUDA allocator's peaks and the context's size.
+CUDA_WORKER = """
+import json, sys, torch
+from training_wizard.cli import main
+code = main(sys.argv[2:])
+free, total = torch.cuda.mem_get_info()
+reserved = torch.cuda.memory_reserved()
+json.dump({"code": code, "allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved(),
+           "context": (total - free) - reserved, "device": torch.cuda.get_device_name()}, open(sys.argv[1], "w"))
+"""
+
+
+def cuda_recipe(name: str, folders: dict[str, Path], scratch: Path) -> list[str]:
+    model, lora, length, rows, checkpointing = CUDA_RUNS[name]
+    text = RECIPE.format(algorithm="grpo", out=scratch / name / "run", model=folders[model], lora=LORA if lora else "",
+                         data=scratch / "prompts.jsonl", group="num_generations", k=4, rows=rows, micro=rows // 2,
+                         length=length, checkpointing=str(checkpointing).lower(), training_extra='dtype = "bfloat16"\n')
+    path = scratch / f"{name}.toml"
+    path.write_text(text)
+    return [str(path)]
+
+
+def cuda_runs(args) -> None:
+    import torch
+
+    from bench_rloo import random_weight_copy
+    from training_wizard.memory_plan import format_bytes
+
+    shapes = {"135m": {}, "1.7b": SMOLLM2_1_7B}
+    used = {CUDA_RUNS[name][0] for name in args.runs.split(",")}
+    folders = {model: random_weight_copy(args.shape_folder, args.cache / f"random-{model}", "bfloat16", **shapes[model])
+               for model in used}
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        scratch = Path(folder)
+        (scratch / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+        (scratch / "bench_memory_reward.py").write_text(REWARD)
+        env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{scratch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        for name in args.runs.split(","):
+            command = cuda_recipe(name, folders, scratch)
+            began = time.perf_counter()
+            dry = subprocess.run([sys.executable, "-m", "training_wizard", *command, "--dry-run"], cwd=REPO, env=env,
+                                 capture_output=True, text=True)
+            if dry.returncode != 0:
+                print(f"{name}: the dry run ended with {dry.returncode}:\n{(dry.stdout + dry.stderr)[-3000:]}", flush=True)
+                continue
+            plan = planned_peak(dry.stdout + dry.stderr)
+            result = scratch / f"{name}.json"
+            real = subprocess.run([sys.executable, "-c", CUDA_WORKER, str(result), *command], cwd=REPO, env=env,
+                                  capture_output=True, text=True)
+            if real.returncode != 0 or not result.exists():
+                print(f"{name}: the run ended with {real.returncode}:\n{(real.stdout + real.stderr)[-3000:]}", flush=True)
+                continue
+            measured = json.loads(result.read_text())
+            metrics = [json.loads(line) for line in (scratch / name / "run" / "metrics.jsonl").read_text().splitlines()]
+            rows.append((name, plan, measured, time.perf_counter() - began))
+            print(f"{name}: plan {format_bytes(plan)}, allocated peak {format_bytes(measured['allocated'])}, reserved "
+                  f"peak {format_bytes(measured['reserved'])}, context {format_bytes(measured['context'])}, "
+                  f"{time.perf_counter() - began:.0f} s; first iteration: " + ", ".join(
+                      f"{key} {metrics[0][key]:.4g}" for key in SHOWN_METRICS if key in metrics[0]), flush=True)
+    print("\n| run | plan | reserved peak + context | plan / (reserved + context) | plan less runtime / allocated peak "
+          "|\n| --- | ---: | ---: | ---: | ---: |")
+    from training_wizard.recipes.memory_report import CUDA_RUNTIME_BYTES
+
+    for name, plan, measured, _ in rows:
+        held = measured["reserved"] + measured["context"]
+        print(f"| {name} | {format_bytes(plan)} | {format_bytes(held)} | {plan / held:.2f} | "
+              f"{(plan - CUDA_RUNTIME_BYTES) / measured['allocated']:.2f} |")
 
 
 def run(arguments: list[str], threads: int) -> tuple[int, float, str]:
@@ -154,13 +254,20 @@ def gpu_table() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpu-table", action="store_true", help="print the plan's GPU figures and exit")
-    parser.add_argument("--runs", default=",".join([*RUNS, "tools"]))
+    parser.add_argument("--runs", help=f"default {','.join([*RUNS, 'tools'])}; with --device cuda {','.join(CUDA_RUNS)}")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--shape-folder", type=Path, help="with --device cuda: a SmolLM2-135M-Instruct folder")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--cache", type=Path, default=Path("~/.cache/training-wizard/bench").expanduser())
     args = parser.parse_args()
     if args.gpu_table:
         gpu_table()
         return
+    if args.device == "cuda":
+        args.runs = args.runs or ",".join(CUDA_RUNS)
+        cuda_runs(args)
+        return
+    args.runs = args.runs or ",".join([*RUNS, "tools"])
     folders = build_models(args.cache)
     print(f"{cpu_description()}; OMP_NUM_THREADS={args.threads}", flush=True)
     rows = []
