@@ -21,7 +21,10 @@ Where the numbers come from (docs/performance.md, "Memory plan", says what is le
   (sharded or compiled models) the (tokens x V) logits, their float32 chunk and their gradient are held;
 - the decode loop's KV cache holds prompt + completion positions from the start (`rollout/generation.py`
   preallocates them) for a chunk of `local_rollout_forward_batch_size` rows; vLLM (colocated) takes its share of
-  the device instead.
+  the device instead;
+- with LoRA the decode loop samples with each adapted layer's weight and its adapter folded into one new tensor
+  (`rollout/adapters.py`): a copy of every adapted weight while sampling runs (not under ZeRO-3/FSDP, which sample
+  unfolded, nor with `fold_lora_for_sampling = false`).
 """
 
 from __future__ import annotations
@@ -127,6 +130,16 @@ class ModelShape:
             total += rank * (self.hidden + self.vocab)
         return total
 
+    def lora_adapted_weights(self, targets: str | tuple[str, ...] | list[str]) -> int:
+        """Weights of the linear layers a LoRA adapter on `targets` adapts: the size of the folded copies the
+        decode loop makes of them while it samples (`rollout/adapters.py: adapters_folded`)."""
+        names = DECODER_LINEARS if targets == "all-linear" else tuple(targets)
+        shapes = self.linear_shapes()
+        total = self.layers * sum(shapes[name][0] * shapes[name][1] for name in names if name in shapes)
+        if "lm_head" in names and self.lm_head:
+            total += self.hidden * self.vocab
+        return total
+
     def activation_values(self, sequence: int, eager: bool, lora_rank: int = 0) -> int:
         """Values autograd keeps per token and decoder layer (float32 or the autocast dtype each), for a sequence
         of `sequence` tokens. A LoRA adapter on every linear layer keeps its rank-wide middle per layer, and the
@@ -166,6 +179,7 @@ class MemoryFacts:
     device_total: int | None = None
     runtime_bytes: int = 0  # what the process holds before any model: the runtime, libraries, allocator
     token_budget_key: bool = False  # the config has max_tokens_per_micro_batch
+    fold_lora: bool = True  # fold_lora_for_sampling: the decode loop samples with folded copies of adapted weights
 
     @property
     def sequence(self) -> int:
@@ -339,6 +353,10 @@ def _rollout_terms(facts: MemoryFacts) -> list[MemoryTerm]:
         cache = rows * facts.sequence * shape.layers * 2 * shape.kv_width * facts.activation_bytes
         terms += [MemoryTerm("KV cache", cache, "sampling", knob),
                   MemoryTerm("decode logits", 3 * rows * shape.vocab * 4, "sampling", knob)]
+        if facts.lora_rank is not None and facts.fold_lora and facts.divisor("weights") == 1:  # sharded: unfolded
+            terms.append(MemoryTerm("folded LoRA weights",
+                                    shape.lora_adapted_weights(facts.lora_targets) * facts.weight_bytes, "sampling",
+                                    "training.fold_lora_for_sampling = false"))
     tokens = rows * facts.sequence
     # one layer at a time: the residual stream, the block's projections and the MLP's three intermediates
     values = tokens * (4 * shape.hidden + 2 * shape.kv_width + 3 * shape.intermediate)

@@ -228,6 +228,18 @@ def test_adapters_that_cannot_be_folded_run_unchanged(tokenizer):
         assert not folded
 
 
+def rollout_counting_adapter_calls(trainer):
+    """(the trainer's next rollout, how many LoRA adapter products ran in it)."""
+    calls = []
+    hooks = [module.register_forward_hook(lambda *a: calls.append(1))
+             for name, module in trainer.unwrapped_policy.named_modules() if name.endswith("lora_A.default")]
+    try:
+        return trainer.collect_rollout(), len(calls)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
     """With LoRA and logprobs from sampling, no adapter product runs in the rollout (the reference pass disables
     the adapter, the decode loop folds it), and the sampled logprobs are the adapted model's."""
@@ -238,17 +250,29 @@ def test_the_rollout_samples_with_folded_adapters(tokenizer, tmp_path):
             tokenizer=tokenizer, policy=lora_policy(tokenizer), reward_model=x_share,
             train_dataset=prompts(9))
 
-    fast = trainer("a", logprobs_from_sampling=True)
-    adapter_calls = []
-    hooks = [module.register_forward_hook(lambda *a: adapter_calls.append(1))
-             for name, module in fast.unwrapped_policy.named_modules() if name.endswith("lora_A.default")]
-    sampled = fast.collect_rollout()
-    for hook in hooks:
-        hook.remove()
+    sampled, adapter_calls = rollout_counting_adapter_calls(trainer("a", logprobs_from_sampling=True))
     forward = trainer("b", logprobs_from_sampling=False).collect_rollout()
-    assert adapter_calls == []
+    assert adapter_calls == 0
     assert torch.equal(sampled.completion_ids, forward.completion_ids)
     assert (sampled.logprobs - forward.logprobs)[forward.completion_mask].abs().max() < 1e-5
+
+
+def test_fold_lora_for_sampling_false_samples_through_the_adapters(tokenizer, tmp_path):
+    """The memory-saving switch: no folded copy is made, the adapter products run at every token step, and the
+    tokens are those of the folded decode (float rounding apart; equal for this model and seed)."""
+    def rollout(folder, fold):
+        trainer = RLOOTrainer(
+            config=RLOOConfig(output_dir=str(tmp_path / folder), per_device_train_batch_size=8, rloo_k=4,
+                              total_episodes=16, response_length=6, num_sample_generations=0, seed=4,
+                              fold_lora_for_sampling=fold),
+            tokenizer=tokenizer, policy=lora_policy(tokenizer), reward_model=x_share, train_dataset=prompts(9))
+        return rollout_counting_adapter_calls(trainer)
+
+    folded, folded_calls = rollout("folded", True)
+    unfolded, unfolded_calls = rollout("unfolded", False)
+    assert folded_calls == 0 and unfolded_calls > 0
+    assert torch.equal(folded.completion_ids, unfolded.completion_ids)
+    assert (folded.logprobs - unfolded.logprobs)[folded.completion_mask].abs().max() < 1e-5
 
 
 def test_no_repeated_prompts_keep_the_plain_prefill():

@@ -109,6 +109,7 @@ def memory_facts(recipe, config, accelerator, tokenizer, train_rows) -> MemoryFa
         device_total=_cuda_total(accelerator) if on_cuda else None,
         runtime_bytes=CUDA_RUNTIME_BYTES if on_cuda else CPU_RUNTIME_BYTES,
         token_budget_key="max_tokens_per_micro_batch" in type(config).model_fields,
+        fold_lora=getattr(config, "fold_lora_for_sampling", True),
     )
 
 

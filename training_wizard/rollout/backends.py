@@ -52,18 +52,23 @@ class GenerationBackend:
 
 class DecodeLoopBackend(GenerationBackend):
     """The built-in keyed decode loop, `chunk_rows` rows at a time (local_rollout_forward_batch_size), LoRA folded
-    into its base weights while it samples (rollout/adapters.py)."""
+    into its base weights while it samples (rollout/adapters.py) unless `fold_lora` is False (a copy of every
+    adapted weight saved, at a slower token step)."""
 
     name = "decode loop"
     samples_with_training_forward = True
     keeps_episode_cache = True
 
-    def __init__(self, chunk_rows: int):
+    def __init__(self, chunk_rows: int, fold_lora: bool = True):
         self.chunk_rows = chunk_rows
+        self.fold_lora = fold_lora
+
+    def _folded(self, model, sharded: bool = False):
+        # a sharded model's weights are gathered layer by layer inside its forward, so it runs as it is
+        return adapters_folded(model) if self.fold_lora and not sharded else contextlib.nullcontext()
 
     def sample(self, model, prompt_ids, prompt_mask, params, row_seeds, sharded=False, all_finished=None):
-        # a sharded model's weights are gathered layer by layer inside its forward, so it runs as it is
-        with contextlib.nullcontext() if sharded else adapters_folded(model):
+        with self._folded(model, sharded):
             chunks = [
                 sample(model, prompt_ids[start : start + self.chunk_rows], prompt_mask[start : start + self.chunk_rows],
                        params, row_seeds[start : start + self.chunk_rows], all_finished)
@@ -76,7 +81,7 @@ class DecodeLoopBackend(GenerationBackend):
         """`sample` for turns of episodes `episodes` (one per row) whose caches `kept` holds across their turns
         (rollout/kept_cache.py), in the same chunks of rows."""
         rows = self.chunk_rows
-        with adapters_folded(model):
+        with self._folded(model):
             chunks = [
                 sample_keeping_cache(model, prompt_ids[start : start + rows], prompt_mask[start : start + rows],
                                      params, row_seeds[start : start + rows], kept, episodes[start : start + rows])

@@ -18,6 +18,7 @@ from training_wizard.trainers.config.environment_keys import EnvironmentFailureO
 from training_wizard.trainers.config.hub import HubArguments
 from training_wizard.trainers.config.micro_batch_keys import TokenBudgetOptions
 from training_wizard.trainers.config.presentation import PresentationOptions
+from training_wizard.trainers.config.sampling_keys import LoraSamplingOptions
 from training_wizard.trainers.config.teacher_keys import TeacherOptions
 from training_wizard.trainers.config.turn_keys import TurnCreditOptions
 from training_wizard.trainers.config.vllm_keys import VLLMAdapterOptions
@@ -30,7 +31,8 @@ from training_wizard.trainers.config.run import (DEFAULT_SEED, OUTPUT_DIR_DESCRI
 
 
 class OnPolicyConfig(HubArguments, AsyncRolloutOptions, EnvironmentFailureOptions, PresentationOptions,
-                     TurnCreditOptions, TokenBudgetOptions, VLLMAdapterOptions, TeacherOptions):
+                     TurnCreditOptions, TokenBudgetOptions, VLLMAdapterOptions, TeacherOptions,
+                     LoraSamplingOptions):
     """Options shared by the on-policy trainers (RLOO, PPO, GRPO); TRL 1.x's other keys: trl/configs.py."""
 
     # -- batch sizes (the glossary: trainers/config/batch_plan.py) -----------------------------------------------------

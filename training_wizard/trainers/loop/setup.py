@@ -237,7 +237,7 @@ def generation_backend(accelerator: Accelerator, config: OnPolicyConfig, policy:
     prompt the run will sample from. Under FSDP2 every push gathers the weights one tensor at a time
     (`Collectives.whole_state`)."""
     if not config.use_vllm:
-        return DecodeLoopBackend(config.local_rollout_forward_batch_size)
+        return DecodeLoopBackend(config.local_rollout_forward_batch_size, fold_lora=config.fold_lora_for_sampling)
     check_generation_can_start(accelerator, config)
     from training_wizard.rollout.vllm import VLLMColocateBackend, VLLMServerBackend
 
