@@ -21,10 +21,9 @@ seconds of the process's threads per iteration (`time.process_time`: on a shared
 wall seconds), and the peak resident memory of the process; per pair, ours/TRL iterations per second (by wall and by
 CPU seconds) and peak memory ours/TRL.
 
-Time: on a quiet 2-core CPU, 2 threads, our estimate (not measured; BENCHMARKS.md has what was) is 2-4 minutes per
-iteration and side at the full lengths, so the defaults (2 pairs, 1 warm-up + 2 timed iterations) run for roughly 40 to 80
-minutes; `--pairs 1 --iterations 1` is the short form, and `--max-length 128 --warmup 0 --iterations 1` a check that
-everything runs.
+Time: on a quiet 2-core CPU, 2 threads, one pair at the full lengths took about 15 minutes (TRL about 10, ours about
+6: BENCHMARKS.md), so the defaults (2 pairs, 1 warm-up + 2 timed iterations) run for about half an hour;
+`--pairs 1` is the short form, and `--max-length 128 --warmup 0 --iterations 1` a check that everything runs.
 
 The lengths. `LENGTHS[p][g]` is the length, end-of-turn token included, of generation g of prompt p: 8 prompts x 8
 generations drawn once by `draw_lengths(LENGTHS_SEED)` (log-normal with median 110 tokens and sigma 0.85, rounded and
