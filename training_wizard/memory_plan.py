@@ -23,8 +23,8 @@ Where the numbers come from (docs/performance.md, "Memory plan", says what is le
   preallocates them) for a chunk of `local_rollout_forward_batch_size` rows; vLLM (colocated) takes its share of
   the device instead;
 - with LoRA the decode loop samples with each adapted layer's weight and its adapter folded into one new tensor
-  (`rollout/adapters.py`): a copy of every adapted weight while sampling runs (not under ZeRO-3/FSDP, which sample
-  unfolded, nor with `fold_lora_for_sampling = false`).
+  (`rollout/adapters.py`): a copy of every adapted weight while sampling runs (not with `fold_lora_for_sampling =
+  false`, nor where the model samples sharded: FSDP, and ZeRO-3 without `ds3_gather_for_generation`).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class MemoryFacts:
     device_total: int | None = None
     runtime_bytes: int = 0  # what the process holds before any model: the runtime, libraries, allocator
     token_budget_key: bool = False  # the config has max_tokens_per_micro_batch
-    fold_lora: bool = True  # fold_lora_for_sampling: the decode loop samples with folded copies of adapted weights
+    fold_lora: bool = True  # the decode loop samples with folded copies of adapted weights (memory_report: folds_lora)
 
     @property
     def sequence(self) -> int:
@@ -353,7 +353,7 @@ def _rollout_terms(facts: MemoryFacts) -> list[MemoryTerm]:
         cache = rows * facts.sequence * shape.layers * 2 * shape.kv_width * facts.activation_bytes
         terms += [MemoryTerm("KV cache", cache, "sampling", knob),
                   MemoryTerm("decode logits", 3 * rows * shape.vocab * 4, "sampling", knob)]
-        if facts.lora_rank is not None and facts.fold_lora and facts.divisor("weights") == 1:  # sharded: unfolded
+        if facts.lora_rank is not None and facts.fold_lora:
             terms.append(MemoryTerm("folded LoRA weights",
                                     shape.lora_adapted_weights(facts.lora_targets) * facts.weight_bytes, "sampling",
                                     "training.fold_lora_for_sampling = false"))

@@ -59,10 +59,22 @@ def test_folded_lora_weights_are_what_sampling_allocates(tokenizer, targets):
                              else tuple(targets), reference="adapter"))
     assert plan["folded LoRA weights"] == made
     assert "folded LoRA weights" not in terms(MemoryFacts(policy=shape))
-    sharded = MemoryFacts(policy=shape, lora_rank=4, reference="adapter", sharding="zero3", processes=2)
-    assert "folded LoRA weights" not in terms(sharded)
     unfolded = MemoryFacts(policy=shape, lora_rank=4, reference="adapter", fold_lora=False)
     assert "folded LoRA weights" not in terms(unfolded)
+
+
+@pytest.mark.parametrize("sharding, gather, switch, folds", [
+    ("none", True, True, True), ("zero2", True, True, True), ("zero3", True, True, True),
+    ("zero3", False, True, False), ("fsdp", True, True, False), ("none", True, False, False),
+])
+def test_the_plan_folds_where_the_decode_loop_folds(sharding, gather, switch, folds):
+    """As rollout_model decides: ZeRO-3 gathering for generation samples (and folds) the whole model; ZeRO-3
+    without it and FSDP sample with the sharded model, unfolded."""
+    from training_wizard import GRPOConfig
+    from training_wizard.recipes.memory_report import folds_lora
+
+    config = GRPOConfig(output_dir="unused", ds3_gather_for_generation=gather, fold_lora_for_sampling=switch)
+    assert folds_lora(config, sharding) is folds
 
 
 def test_when_the_folded_copy_decides_the_peak_the_plan_names_fold_lora_for_sampling():

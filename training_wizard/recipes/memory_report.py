@@ -109,8 +109,15 @@ def memory_facts(recipe, config, accelerator, tokenizer, train_rows) -> MemoryFa
         device_total=_cuda_total(accelerator) if on_cuda else None,
         runtime_bytes=CUDA_RUNTIME_BYTES if on_cuda else CPU_RUNTIME_BYTES,
         token_budget_key="max_tokens_per_micro_batch" in type(config).model_fields,
-        fold_lora=getattr(config, "fold_lora_for_sampling", True),
+        fold_lora=folds_lora(config, sharding),
     )
+
+
+def folds_lora(config, sharding: str) -> bool:
+    """Whether the decode loop folds LoRA into copies of the adapted weights while it samples: unless switched off,
+    and not where it samples with the sharded model itself (rollout/collector.py: rollout_model)."""
+    samples_sharded = sharding == "fsdp" or (sharding == "zero3" and not config.ds3_gather_for_generation)
+    return config.fold_lora_for_sampling and not samples_sharded
 
 
 def _lora_targets(lora) -> str | tuple[str, ...]:

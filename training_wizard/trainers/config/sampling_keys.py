@@ -17,4 +17,4 @@ class LoraSamplingOptions(RunConfig):
         "of every adapted weight while sampling runs (Qwen2.5-7B in bfloat16 with LoRA on every linear layer: "
         "13 GB). false: sample through the adapters as they are, slower per token, no copy; the --dry-run memory "
         "plan names this key when the copy decides the peak. Samples differ only by float rounding. "
-        "No effect under ZeRO-3/FSDP or with vLLM.")
+        "No effect with vLLM, or where the model samples sharded (FSDP; ZeRO-3 without ds3_gather_for_generation).")
